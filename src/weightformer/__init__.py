@@ -1,0 +1,12 @@
+"""WeightFormer: linear-time global visual modelling with input-predicted weights instead of attention.
+
+Importing the package registers ``weightformer_tiny``, ``weightformer_small`` and
+``weightformer_base`` with timm, so ``timm.create_model("weightformer_tiny")`` works.
+"""
+
+from . import checkpoint  # registers the safe stand-in for the authors' pickled config
+from .layers import DynamicDWConv, DynamicLinear, attention_as_mlp
+from .models import WeightFormer
+
+__version__ = "0.1.0"
+__all__ = ["DynamicDWConv", "DynamicLinear", "WeightFormer", "attention_as_mlp", "__version__"]

@@ -1,0 +1,76 @@
+"""Safe checkpoint I/O: loading never runs pickled code, saving never leaves a half-written file."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file as load_safetensors
+
+__all__ = ["CheckpointError", "load_checkpoint_file", "save_atomic"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read safely or does not fit the model."""
+
+
+class InertConfig(dict):
+    """Stand-in for ``yacs.config.CfgNode``, which the authors' training checkpoints pickle.
+
+    ``weights_only`` loading refuses unknown classes; mapping that one name to a plain dict
+    subclass lets their ``.pth`` files load without importing yacs and without running code.
+    """
+
+
+torch.serialization.add_safe_globals([(InertConfig, "yacs.config.CfgNode")])
+
+
+def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a ``.safetensors`` file or a ``.pt``/``.pth`` file with ``torch.load(weights_only=True)``.
+
+    Raises :class:`CheckpointError` with the file name when it is missing, is not a checkpoint, or
+    would need arbitrary code to unpickle.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; check the path")
+    if path.suffix == ".safetensors":
+        try:
+            return load_safetensors(str(path), device="cpu")
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"{path} is not a readable safetensors file ({exc})") from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"refused to load {path}: it holds pickled objects other than tensors and plain data "
+            f"({first}). Only load checkpoints you trust; convert it to safetensors if it is yours"
+        ) from exc
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({exc})") from exc
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync it, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

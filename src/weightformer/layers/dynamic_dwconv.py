@@ -1,0 +1,174 @@
+"""Dynamic depthwise convolution: a K×K depthwise kernel predicted per sample and per channel.
+
+Each predictor maps a sample's feature map X ∈ R^{C×H×W} to ΔK ∈ R^{C×K×K};
+:class:`DynamicDWConv` normalises it per channel and adds the static kernel. With P_K(X) the
+adaptive average pool of X to K×K and ḡ = mean(X) ∈ R^C:
+
+- ``adaptive`` (spatially adaptive prediction, the paper's default):
+  ΔK = W₂ ∗ GELU(W₁ ∗ P_K(X) + b₁), W₁ and W₂ 1×1 convolutions (W₂ without bias).
+- ``gap``: the kernel's shape is learned, only its gain is predicted from the global average,
+  ΔK_c = h_c · U_c with h = GELU(W₁ḡ + b₁) and U ∈ R^{C×K×K} a learned kernel bank.
+- ``amp_dir`` (decoupled amplitude and direction): the direction comes from the adaptive branch,
+  the amplitude from the global average, ΔK_c = a_c · D_c / ‖D_c‖ with D the ``adaptive`` output
+  and a = W_a·GELU(W₁ḡ + b₁) + b_a.
+- ``conv``: like ``adaptive`` with spatial mixing inside the predictor, W₁ a 3×3 depthwise
+  convolution (zero padding) followed by a 1×1 convolution.
+"""
+
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from timm.layers import trunc_normal_
+
+__all__ = [
+    "DWCONV_PREDICTORS",
+    "DynamicDWConv",
+    "AdaptiveKernelPredictor",
+    "GapKernelPredictor",
+    "AmplitudeDirectionKernelPredictor",
+    "ConvKernelPredictor",
+]
+
+
+class AdaptiveKernelPredictor(nn.Module):
+    """Spatially adaptive prediction: ΔK = W₂ ∗ GELU(W₁ ∗ AdaptiveAvgPool_K(X) + b₁)."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.fc1 = nn.Conv2d(dim, dim, 1, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        pooled = F.adaptive_avg_pool2d(x, self.kernel_size)
+        return self.fc2(self.act(self.fc1(pooled)))
+
+
+class GapKernelPredictor(nn.Module):
+    """Global-average prediction: ΔK_c = GELU(W₁ḡ + b₁)_c · U_c, a learned kernel bank U scaled per channel."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.bank = nn.Parameter(torch.empty(dim, kernel_size, kernel_size, device=device, dtype=dtype))
+        trunc_normal_(self.bank, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        gain = self.act(self.fc1(x.mean(dim=(2, 3))))  # (B, C)
+        return gain[:, :, None, None] * self.bank
+
+
+class AmplitudeDirectionKernelPredictor(nn.Module):
+    """Decoupled amplitude and direction: ΔK_c = a_c · D_c/‖D_c‖, D spatially adaptive, a from ḡ."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__()
+        self.direction = AdaptiveKernelPredictor(dim, kernel_size, device=device, dtype=dtype)
+        self.fc1 = nn.Linear(dim, dim, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.amplitude = nn.Linear(dim, dim, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        direction = self.direction(x)
+        direction = direction / (torch.linalg.vector_norm(direction, dim=(2, 3), keepdim=True) + 1e-6)
+        amplitude = self.amplitude(self.act(self.fc1(x.mean(dim=(2, 3)))))  # (B, C)
+        return amplitude[:, :, None, None] * direction
+
+
+class ConvKernelPredictor(nn.Module):
+    """Convolutional prediction: ΔK = W₂ ∗ GELU(W₁ ∗ DW3×3(AdaptiveAvgPool_K(X)) + b₁)."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.spatial = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, device=device, dtype=dtype)
+        self.fc1 = nn.Conv2d(dim, dim, 1, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        pooled = F.adaptive_avg_pool2d(x, self.kernel_size)
+        return self.fc2(self.act(self.fc1(self.spatial(pooled))))
+
+
+DWCONV_PREDICTORS = {
+    "adaptive": AdaptiveKernelPredictor,
+    "gap": GapKernelPredictor,
+    "amp_dir": AmplitudeDirectionKernelPredictor,
+    "conv": ConvKernelPredictor,
+}
+
+
+class DynamicDWConv(nn.Module):
+    """Depthwise convolution with a per-sample kernel, y = (K + ΔK̂(X)) ∗ X + b, "same" padding.
+
+    ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel c, so the update stays shorter than one; ΔK comes
+    from a predictor (see the module docstring). Shapes: x (B, C, H, W) -> (B, C, H, W), like the
+    static ``nn.Conv2d(C, C, K, padding=K // 2, groups=C)`` it replaces. K must be odd.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int = 3,
+        predictor: str = "adaptive",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be a positive odd number for 'same' padding, got {kernel_size}")
+        if predictor not in DWCONV_PREDICTORS:
+            raise ValueError(
+                f"unknown dynamic depthwise-conv predictor {predictor!r}; choose one of {sorted(DWCONV_PREDICTORS)}"
+            )
+        self.dim = dim
+        self.kernel_size = kernel_size
+        self.predictor_name = predictor
+        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        self.predictor = DWCONV_PREDICTORS[predictor](dim, kernel_size, device=device, dtype=dtype)
+        self.use_reference = False
+        trunc_normal_(self.weight, std=0.02)
+        trunc_normal_(self.bias, std=0.02)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}"
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
+        if not torch.jit.is_scripting():
+            if self.use_reference:
+                return dynamic_dwconv_reference(self, x)
+        B, C, H, W = x.shape
+        K = self.kernel_size
+        if C != self.dim:
+            raise ValueError(f"DynamicDWConv expected {self.dim} channels, got {C}")
+        delta = self.predictor(x)  # (B, C, K, K)
+        delta = delta / (torch.linalg.vector_norm(delta, dim=(2, 3), keepdim=True) + 1.0)
+        kernel = (delta + self.weight.view(1, C, K, K)).to(x.dtype)  # (B, C, K, K), no repeat of the static kernel
+        if B == 1:
+            # A single sample is an ordinary depthwise conv: keep x's memory format, no copy.
+            return F.conv2d(x, kernel.reshape(C, 1, K, K), self.bias.to(x.dtype), padding=K // 2, groups=C)
+        # Fold the batch into the channels so every sample gets its own kernels in one grouped conv.
+        out = F.conv2d(
+            x.reshape(1, B * C, H, W),
+            kernel.reshape(B * C, 1, K, K),
+            self.bias.to(x.dtype).repeat(B),
+            padding=K // 2,
+            groups=B * C,
+        )  # (1, B·C, H, W)
+        return out.view(B, C, H, W)
+
+
+def dynamic_dwconv_reference(layer: DynamicDWConv, x: Tensor) -> Tensor:
+    """The paper's pseudocode, with the static kernel repeated per sample: the equivalence reference."""
+    B, C, H, W = x.shape
+    K = layer.kernel_size
+    delta = layer.predictor(x).reshape(B * C, 1, K, K)
+    delta = delta / (delta.norm(dim=(-2, -1), keepdim=True) + 1.0)
+    kernel = delta + layer.weight.repeat(B, 1, 1, 1)
+    out = F.conv2d(x.reshape(1, B * C, H, W), kernel, layer.bias.repeat(B), padding=K // 2, groups=B * C)
+    return out.reshape(B, C, H, W)

@@ -1,0 +1,224 @@
+"""Dynamic linear layer: a linear map whose weight is predicted from the tokens it is applied to.
+
+All predictors below share one template. Let X ∈ R^{N×C} be a sample's tokens on an H×W grid,
+X̄ ∈ R^{N'×C} the tokens after 2×2 average pooling (N' = ⌈H/2⌉·⌈W/2⌉), r the reduction (4), and
+s = C^-1/2 / N. A linear projection P = X̄·W_p + b_p is split into P_in ∈ R^{N'×C/r} and
+P_out ∈ R^{N'×O/r}; the bases U_in ∈ R^{C/r×C} and U_out ∈ R^{O/r×O} lift them back to full width.
+Each predictor returns ΔW ∈ R^{C×O}; :class:`DynamicLinear` then normalises and adds it to the
+static weight. The predictors differ only in where the non-linearity sits:
+
+- ``bilateral`` (the paper's default): ΔW = (σ(P_in)·U_in)ᵀ · (σ(P_out)·U_out) · s, σ = SiLU.
+- ``linear``: no activation, ΔW = (P_in·U_in)ᵀ · (P_out·U_out) · s.
+- ``nonlinear``: the activation acts once, on the aggregated core,
+  ΔW = U_inᵀ · σ(P_inᵀ·P_out · s) · U_out.
+- ``deep``: bilateral with a two-layer token projection, P = GELU(X̄·W_h + b_h)·W_p + b_p
+  (hidden width C).
+- ``gap``: bilateral applied to the single global-average token ḡ = mean(X) (N' = 1, s = C^-1/2),
+  a rank-one ΔW = (σ(p_in)·U_in)ᵀ (σ(p_out)·U_out) · s.
+"""
+
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from timm.layers import trunc_normal_
+
+__all__ = [
+    "LINEAR_PREDICTORS",
+    "DynamicLinear",
+    "BilateralPredictor",
+    "LinearPredictor",
+    "NonlinearPredictor",
+    "DeepPredictor",
+    "GapPredictor",
+    "pool_2x2",
+]
+
+
+def pool_2x2(x: Tensor) -> Tensor:
+    """Average-pool a token grid 2×2: (B, H, W, C) -> (B, ⌈H/2⌉·⌈W/2⌉, C).
+
+    Even grids pool exactly as ``AvgPool2d(2)``; odd grids (down to 1×1) use adaptive pooling to
+    the ceiling size so that every token is seen.
+    """
+    B, H, W, C = x.shape
+    pooled = F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), ((H + 1) // 2, (W + 1) // 2))  # (B, C, H', W')
+    return pooled.flatten(2).transpose(1, 2)  # (B, N', C)
+
+
+class _LowRankPredictor(nn.Module):
+    """Shared parameters of the ΔW predictors: the projection W_p and the bases U_in, U_out."""
+
+    def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        if in_features % reduction or out_features % reduction:
+            raise ValueError(
+                f"in_features ({in_features}) and out_features ({out_features}) must be divisible by "
+                f"the predictor reduction ({reduction}); pick widths that are multiples of {reduction}"
+            )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.in_rank = in_features // reduction
+        self.out_rank = out_features // reduction
+        self.scale = in_features**-0.5
+        self.proj = nn.Linear(in_features, self.in_rank + self.out_rank, **dd)
+        self.in_basis = nn.Parameter(torch.empty(self.in_rank, in_features, **dd))
+        self.out_basis = nn.Parameter(torch.empty(self.out_rank, out_features, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        trunc_normal_(self.proj.weight, std=0.02)
+        nn.init.zeros_(self.proj.bias)
+        trunc_normal_(self.in_basis, std=0.02)
+        trunc_normal_(self.out_basis, std=0.02)
+
+    def expand(self, core: Tensor) -> Tensor:
+        """Lift a low-rank core (B, C/r, O/r) to ΔW = U_inᵀ·core·U_out, (B, C, O)."""
+        return torch.matmul(self.in_basis.t(), torch.matmul(core, self.out_basis))
+
+    def bilateral(self, p: Tensor, scale: float) -> Tensor:
+        """ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale for P (B, N', C/r + O/r).
+
+        Evaluated as U_inᵀ·(σ(P_in)ᵀσ(P_out)·scale)·U_out: the N'-sized product shrinks to
+        C/r × O/r first, so the cost is N'·C·O/r² instead of N'·C·O.
+        """
+        p_in, p_out = torch.split(F.silu(p), [self.in_rank, self.out_rank], dim=-1)
+        return self.expand(torch.matmul(p_in.transpose(1, 2), p_out) * scale)
+
+
+class BilateralPredictor(_LowRankPredictor):
+    """Bilateral activation: ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·C^-1/2/N, P from 2×2-pooled tokens."""
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+        num_tokens = x.shape[1] * x.shape[2]
+        return self.bilateral(self.proj(pool_2x2(x)), self.scale / num_tokens)
+
+
+class LinearPredictor(_LowRankPredictor):
+    """Linear prediction: ΔW = (P_in·U_in)ᵀ(P_out·U_out)·C^-1/2/N, no activation."""
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+        num_tokens = x.shape[1] * x.shape[2]
+        p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
+        return self.expand(torch.matmul(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
+
+
+class NonlinearPredictor(_LowRankPredictor):
+    """Non-linear prediction: ΔW = U_inᵀ·σ(P_inᵀP_out·C^-1/2/N)·U_out, one activation on the core."""
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+        num_tokens = x.shape[1] * x.shape[2]
+        p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
+        core = torch.matmul(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
+        return self.expand(F.silu(core))
+
+
+class DeepPredictor(_LowRankPredictor):
+    """Deep prediction: bilateral ΔW with a two-layer token projection P = GELU(X̄·W_h + b_h)·W_p + b_p."""
+
+    def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
+        super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
+        self.hidden = nn.Linear(in_features, in_features, device=device, dtype=dtype)
+        trunc_normal_(self.hidden.weight, std=0.02)
+        nn.init.zeros_(self.hidden.bias)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+        num_tokens = x.shape[1] * x.shape[2]
+        p = self.proj(F.gelu(self.hidden(pool_2x2(x))))
+        return self.bilateral(p, self.scale / num_tokens)
+
+
+class GapPredictor(_LowRankPredictor):
+    """Global-average prediction: bilateral ΔW from the single token ḡ = mean(X), a rank-one update."""
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+        g = x.mean(dim=(1, 2)).unsqueeze(1)  # (B, 1, C)
+        return self.bilateral(self.proj(g), self.scale)
+
+
+LINEAR_PREDICTORS = {
+    "bilateral": BilateralPredictor,
+    "linear": LinearPredictor,
+    "nonlinear": NonlinearPredictor,
+    "deep": DeepPredictor,
+    "gap": GapPredictor,
+}
+
+
+class DynamicLinear(nn.Module):
+    """Linear layer with an input-dependent weight, y = X·(W + ΔŴ(X)) + b.
+
+    ΔŴ = ΔW / (‖ΔW‖₂ + 1), the norm taken over the input dimension of each output column, so every
+    column of the update stays shorter than one. ΔW comes from a predictor (see the module
+    docstring); its size is C×O whatever the token count N, so the layer costs O(N).
+
+    Shapes: x (B, H, W, C) -> (B, H, W, O). The grid is needed for the 2×2 pooling.
+    The static weight is stored as ``weight`` (O, C), like ``nn.Linear``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int | None = None,
+        predictor: str = "bilateral",
+        reduction: int = 4,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        out_features = out_features or in_features
+        if predictor not in LINEAR_PREDICTORS:
+            raise ValueError(
+                f"unknown dynamic linear predictor {predictor!r}; choose one of {sorted(LINEAR_PREDICTORS)}"
+            )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.predictor_name = predictor
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        self.predictor = LINEAR_PREDICTORS[predictor](
+            in_features, out_features, reduction, device=device, dtype=dtype
+        )
+        self.use_reference = False
+        trunc_normal_(self.weight, std=0.02)
+        trunc_normal_(self.bias, std=0.02)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor_name}"
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
+        if not torch.jit.is_scripting():
+            if self.use_reference:
+                return dynamic_linear_reference(self, x)
+        B, H, W, C = x.shape
+        if C != self.in_features:
+            raise ValueError(f"DynamicLinear expected {self.in_features} input features, got {C}")
+        delta = self.predictor(x)  # (B, C, O)
+        delta = delta / (torch.linalg.vector_norm(delta, dim=1, keepdim=True) + 1.0)
+        # One batched GEMM with the static weight folded in: y = b + X·(Wᵀ + ΔŴ).
+        weight = self.weight.t() + delta  # (B, C, O)
+        out = torch.baddbmm(self.bias, x.reshape(B, H * W, C), weight)
+        return out.reshape(B, H, W, self.out_features)
+
+
+def dynamic_linear_reference(layer: DynamicLinear, x: Tensor) -> Tensor:
+    """The paper's pseudocode, step by step and without re-association: the equivalence reference.
+
+    Only the bilateral predictor has a reference; the others reuse their (already plain) predictor.
+    """
+    B, H, W, C = x.shape
+    N = H * W
+    if isinstance(layer.predictor, BilateralPredictor):
+        p = layer.predictor
+        pooled = pool_2x2(x)  # (B, N', C)
+        p_in, p_out = torch.split(p.proj(pooled), [p.in_rank, p.out_rank], dim=-1)
+        a = F.silu(p_in) @ p.in_basis  # (B, N', C)
+        b = F.silu(p_out) @ p.out_basis  # (B, N', O)
+        delta = a.transpose(-2, -1) @ b * p.scale / N  # (B, C, O)
+    else:
+        delta = layer.predictor(x)
+    delta = delta / (delta.norm(dim=-2, keepdim=True) + 1.0)
+    weight = delta + layer.weight.t()
+    return (x.reshape(B, N, C) @ weight + layer.bias).reshape(B, H, W, -1)
+

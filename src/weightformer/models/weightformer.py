@@ -1,0 +1,454 @@
+"""WeightFormer: an isotropic vision backbone with dynamic weights in place of attention.
+
+Layout, as released by the authors (He, Han and Huang, arXiv 2605.01711):
+
+    image -> PatchEmbed (16×16) -> LayerNorm -> 17 blocks -> LayerNorm -> mean over tokens -> Linear
+
+No class token, no position embedding. Block i is dynamic when (i + 2) % period == 0 (period 3:
+blocks 1, 4, 7, ...). Tokens stay on their grid, (B, H, W, C), from the patch embedding to the head.
+"""
+
+
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import DropPath, PatchEmbed, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import register_notrace_function, register_notrace_module
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
+
+from ..layers import DynamicDWConv, DynamicLinear
+
+__all__ = ["WeightFormer", "Block", "checkpoint_filter_fn", "is_dynamic_block"]
+
+# The dynamic layers read the token grid from their input's shape, which fx cannot trace through.
+register_notrace_module(DynamicLinear)
+register_notrace_module(DynamicDWConv)
+
+
+def is_dynamic_block(index: int, period: int) -> bool:
+    """Whether block ``index`` is dynamic: (index + 2) % period == 0, i.e. 1, 4, 7, ... for period 3.
+
+    ``period`` 1 makes every block dynamic and 0 makes all of them static.
+    """
+    return period > 0 and (index + 2) % period == 0
+
+
+@register_notrace_function
+def check_image_batch(x: Tensor, in_chans: int, patch_size: int) -> None:
+    """Raise ``ValueError`` unless x is a (B, in_chans, H, W) batch with H, W >= patch_size."""
+    if x.dim() != 4:
+        raise ValueError(f"expected an image batch of shape (B, C, H, W), got a tensor of shape {x.shape}")
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f"expected {in_chans} input channels, got {x.shape[1]} (input shape {x.shape}); "
+            f"convert the images or build the model with in_chans={x.shape[1]}"
+        )
+    if x.shape[2] < patch_size or x.shape[3] < patch_size:
+        raise ValueError(
+            f"image of {x.shape[2]}x{x.shape[3]} pixels is smaller than one {patch_size}x{patch_size} patch; "
+            f"resize it to at least {patch_size}x{patch_size}"
+        )
+
+
+class Mlp(nn.Module):
+    """Token MLP on a grid: fc1 (static or dynamic), GELU, fc2. Shapes (B, H, W, C) -> (B, H, W, C)."""
+
+    def __init__(self, fc1: nn.Module, hidden: int, dim: int, act_layer: Callable[..., nn.Module], drop: float, dd):
+        super().__init__()
+        self.fc1 = fc1
+        self.act = act_layer()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim, **dd)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """One WeightFormer block: x = N(x); x = x + DWC(x); x = x + DropPath(MLP(LN(x))).
+
+    Static blocks use a depthwise 3×3 conv and a plain MLP and have N = identity. Dynamic blocks
+    use :class:`DynamicDWConv` and a :class:`DynamicLinear` first MLP layer, and N is a LayerNorm
+    applied to the residual stream itself, as in the authors' release.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        mlp_ratio: float = 4.0,
+        dynamic: bool = False,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        dwc_kernel_size: int = 3,
+        linear_predictor: str = "bilateral",
+        dwc_predictor: str = "adaptive",
+        predictor_reduction: int = 4,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+        act_layer: Callable[..., nn.Module] = nn.GELU,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        hidden = int(dim * mlp_ratio)
+        self.dynamic = dynamic
+        if dynamic:
+            self.norm_stream = norm_layer(dim, **dd)
+            self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, **dd)
+            fc1 = DynamicLinear(dim, hidden, predictor=linear_predictor, reduction=predictor_reduction, **dd)
+        else:
+            self.norm_stream = nn.Identity()
+            self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
+            fc1 = nn.Linear(dim, hidden, **dd)
+        self.norm_mlp = norm_layer(dim, **dd)
+        self.mlp = Mlp(fc1, hidden, dim, act_layer, proj_drop, dd)
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, C)
+        x = self.norm_stream(x)
+        # permute gives the conv a channels-last view of the grid: no copy on the way in or out.
+        x = x + self.dwc(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        return x + self.drop_path(self.mlp(self.norm_mlp(x)))
+
+
+class WeightFormer(nn.Module):
+    """WeightFormer classifier, with timm's model API (features, intermediates, classifier reset)."""
+
+    def __init__(
+        self,
+        img_size: Union[int, Tuple[int, int]] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dim: int = 384,
+        depth: int = 17,
+        mlp_ratio: float = 4.0,
+        dynamic_period: int = 3,
+        dwc_kernel_size: int = 3,
+        linear_predictor: str = "bilateral",
+        dwc_predictor: str = "adaptive",
+        predictor_reduction: int = 4,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        norm_layer: Optional[Callable[..., nn.Module]] = None,
+        act_layer: Optional[Callable[..., nn.Module]] = None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if global_pool not in ("avg", ""):
+            raise ValueError(f"global_pool must be 'avg' or '' (no pooling), got {global_pool!r}")
+        if dynamic_period < 0:
+            raise ValueError(f"dynamic_period must be >= 0 (0: all blocks static), got {dynamic_period}")
+        dd = dict(device=device, dtype=dtype)
+        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
+        act_layer = act_layer or nn.GELU
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.in_chans = in_chans
+        self.patch_size = patch_size
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.dynamic_period = dynamic_period
+        self.output_fmt = "NHWC"
+        self.grad_checkpointing = False
+
+        # Images whose sides are not multiples of the patch are zero-padded to the next multiple.
+        self.patch_embed = PatchEmbed(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            output_fmt="NHWC",
+            strict_img_size=False,
+            dynamic_img_pad=True,
+            **dd,
+        )
+        self.norm_pre = norm_layer(embed_dim, **dd)
+        drop_path_rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    embed_dim,
+                    mlp_ratio=mlp_ratio,
+                    dynamic=is_dynamic_block(i, dynamic_period),
+                    proj_drop=proj_drop_rate,
+                    drop_path=drop_path_rates[i],
+                    dwc_kernel_size=dwc_kernel_size,
+                    linear_predictor=linear_predictor,
+                    dwc_predictor=dwc_predictor,
+                    predictor_reduction=predictor_reduction,
+                    norm_layer=norm_layer,
+                    act_layer=act_layer,
+                    **dd,
+                )
+                for i in range(depth)
+            ]
+        )
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)
+        ]
+        self.norm = norm_layer(embed_dim, **dd)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        self.apply(_init_weights)
+
+    # ---------------------------------------------------------------------------------------------
+    # timm model API
+    # ---------------------------------------------------------------------------------------------
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        # Norm weights and biases are 1-D and excluded by timm's optimizer factory already.
+        return set()
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(stem=r"^patch_embed|^norm_pre", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in ("avg", ""):
+                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+        ref = self.norm_pre.weight
+        self.head = (
+            nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            if num_classes > 0
+            else nn.Identity()
+        )
+        self.head.train(self.training)
+
+    @torch.jit.ignore
+    def set_implementation(self, name: str) -> None:
+        """Select ``"fast"`` (default) or ``"reference"`` (the paper's pseudocode) dynamic layers."""
+        if name not in ("fast", "reference"):
+            raise ValueError(f"implementation must be 'fast' or 'reference', got {name!r}")
+        for module in self.modules():
+            if isinstance(module, (DynamicLinear, DynamicDWConv)):
+                module.use_reference = name == "reference"
+
+    # ---------------------------------------------------------------------------------------------
+    # forward
+    # ---------------------------------------------------------------------------------------------
+    def forward_features(self, x: Tensor) -> Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C)
+        check_image_batch(x, self.in_chans, self.patch_size)
+        x = self.norm_pre(self.patch_embed(x))  # (B, H, W, C)
+        for blk in self.blocks:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x)
+            else:
+                x = blk(x)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:  # (B, H, W, C) -> (B, classes)
+        if self.global_pool == "avg":
+            x = x.mean(dim=(1, 2))  # (B, C)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
+        """Run the backbone and return the outputs of the chosen blocks.
+
+        Args:
+            indices: the last n blocks if an int, these block indices if a list, all if None.
+            norm: apply the final LayerNorm to each intermediate.
+            stop_early: stop after the last block needed.
+            output_fmt: "NCHW" (B, C, H, W) or "NHWC" (B, H, W, C) intermediates.
+            intermediates_only: return only the intermediates, not (final features, intermediates).
+        """
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        check_image_batch(x, self.in_chans, self.patch_size)
+        x = self.norm_pre(self.patch_embed(x))
+        blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[: max_index + 1]
+        intermediates = []
+        for i, blk in enumerate(blocks):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x)
+            else:
+                x = blk(x)
+            if i in take_indices:
+                y = self.norm(x) if norm else x
+                intermediates.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(
+        self,
+        indices: Union[int, List[int]] = 1,
+        prune_norm: bool = False,
+        prune_head: bool = True,
+    ) -> List[int]:
+        """Drop the blocks after the last one in ``indices`` (and the norm and head if asked)."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take_indices
+
+
+def _init_weights(module: nn.Module) -> None:
+    """Initialisation of the release: truncated-normal(0.02) linears, unit LayerNorms, default convs."""
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+# -------------------------------------------------------------------------------------------------
+# The authors' checkpoints
+# -------------------------------------------------------------------------------------------------
+# Their key (after "blocks.{i}.") -> ours. Their dynamic linear stores its static weight (in, out).
+_BLOCK_KEY_MAP = {
+    "norm1": "norm_stream",
+    "norm2": "norm_mlp",
+    "linear1.w": "mlp.fc1.weight",
+    "linear1.b": "mlp.fc1.bias",
+    "linear1.wfm": "mlp.fc1.predictor.proj",
+    "linear1.w1": "mlp.fc1.predictor.in_basis",
+    "linear1.w2": "mlp.fc1.predictor.out_basis",
+    "linear1": "mlp.fc1",
+    "linear2": "mlp.fc2",
+    "dwc.w": "dwc.weight",
+    "dwc.b": "dwc.bias",
+    "dwc.wfm.0": "dwc.predictor.fc1",
+    "dwc.wfm.2": "dwc.predictor.fc2",
+}
+_TOP_KEY_MAP = {"init_norm": "norm_pre"}
+
+
+def _rename(key: str, mapping: Dict[str, str]) -> str:
+    """Replace the longest mapped prefix of ``key`` (prefixes end at a '.')."""
+    for old in sorted(mapping, key=len, reverse=True):
+        if key == old or key.startswith(old + "."):
+            return mapping[old] + key[len(old):]
+    return key
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: WeightFormer) -> Dict[str, Tensor]:
+    """Translate a state dict of the authors' ``VisionTransformer`` (or a wrapped/DDP one) to ours.
+
+    Accepts their Hub safetensors, their training checkpoints' ``"model"`` entry, and our own keys
+    (returned unchanged apart from unwrapping).
+    """
+    for wrapper in ("model", "state_dict"):
+        if wrapper in state_dict and isinstance(state_dict[wrapper], dict):
+            state_dict = state_dict[wrapper]
+    state_dict = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state_dict.items()}
+    if "init_norm.weight" not in state_dict:
+        return state_dict
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith("blocks."):
+            _, index, rest = key.split(".", 2)
+            new_rest = _rename(rest, _BLOCK_KEY_MAP)
+            if rest == "linear1.w":
+                value = value.t().contiguous()  # (in, out) -> (out, in)
+            key = f"blocks.{index}.{new_rest}"
+        else:
+            key = _rename(key, _TOP_KEY_MAP)
+        out[key] = value
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# Registry
+# -------------------------------------------------------------------------------------------------
+def _cfg(hf_hub_id: str, input_size: int, **kwargs) -> Dict[str, Any]:
+    pool = input_size // 16
+    return {
+        "hf_hub_id": hf_hub_id,
+        "num_classes": 1000,
+        "input_size": (3, input_size, input_size),
+        "pool_size": (pool, pool),
+        "crop_pct": 0.875,
+        "crop_mode": "squash",  # the release resizes to (256/224·s)² and centre-crops s
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "mit",
+        "paper_ids": "arXiv:2605.01711",
+        "paper_name": "Linear-Time Global Visual Modeling without Explicit Attention",
+        "origin_url": "https://github.com/LeapLabTHU/WeightFormer",
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs(
+    {
+        "weightformer_tiny.in1k": _cfg("RuizeHe/weightformer-t", 224),
+        "weightformer_small.in1k": _cfg("RuizeHe/weightformer-s", 224),
+        "weightformer_base.in1k_448": _cfg("RuizeHe/weightformer-b", 448),
+    }
+)
+
+
+def _create_weightformer(variant: str, pretrained: bool = False, **kwargs) -> WeightFormer:
+    out_indices = kwargs.pop("out_indices", 3)
+    return build_model_with_cfg(
+        WeightFormer,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+        **kwargs,
+    )
+
+
+@register_model
+def weightformer_tiny(pretrained: bool = False, **kwargs) -> WeightFormer:
+    """WeightFormer-T: 192-d, depth 17, patch 16, 224 px (ImageNet-1K top-1 76.3 in the paper)."""
+    args = dict(patch_size=16, embed_dim=192, depth=17)
+    return _create_weightformer("weightformer_tiny", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def weightformer_small(pretrained: bool = False, **kwargs) -> WeightFormer:
+    """WeightFormer-S: 384-d, depth 17, patch 16, 224 px (ImageNet-1K top-1 81.3 in the paper)."""
+    args = dict(patch_size=16, embed_dim=384, depth=17)
+    return _create_weightformer("weightformer_small", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def weightformer_base(pretrained: bool = False, **kwargs) -> WeightFormer:
+    """WeightFormer-B: WeightFormer-S at 448 px (about 83.4 top-1, read off the paper's Figure 1)."""
+    args = dict(patch_size=16, embed_dim=384, depth=17, img_size=448)
+    return _create_weightformer("weightformer_base", pretrained, **dict(args, **kwargs))
