@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,11 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be read safely or does not fit the model."""
 
 
-class InertConfig(dict):
-    """Stand-in for ``yacs.config.CfgNode``, which the authors' training checkpoints pickle.
-
-    ``weights_only`` loading refuses unknown classes; mapping that one name to a plain dict
-    subclass lets their ``.pth`` files load without importing yacs and without running code.
-    """
-
-
-torch.serialization.add_safe_globals([(InertConfig, "yacs.config.CfgNode")])
+# The authors' training checkpoints pickle their yacs ``CfgNode`` config beside the weights.
+# ``weights_only`` loading refuses unknown classes; reading that one name as a plain OrderedDict
+# (a dict subclass with its items and attributes, like CfgNode) lets those files load without
+# importing yacs and without running any code.
+torch.serialization.add_safe_globals([(OrderedDict, "yacs.config.CfgNode")])
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:

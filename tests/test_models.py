@@ -1,0 +1,218 @@
+"""WeightFormer models: structure of the release, timm's API, any input size, numerical health."""
+
+import pytest
+import timm
+import torch
+
+import weightformer  # noqa: F401  (registers the models)
+from weightformer.layers import DynamicDWConv, DynamicLinear
+from weightformer.models import WeightFormer, is_dynamic_block
+
+SMALL = dict(embed_dim=32, depth=4, num_classes=7)
+
+
+def small_model(**kwargs) -> WeightFormer:
+    torch.manual_seed(0)
+    return WeightFormer(**{**SMALL, **kwargs}).eval()
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("weightformer_tiny", 7_074_184), ("weightformer_small", 27_492_136), ("weightformer_base", 27_492_136)],
+)
+def test_parameter_counts_match_the_release(name, params):
+    model = timm.create_model(name, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == params  # T 7.07M, S/B 27.49M
+
+
+def test_registered_variants_and_pretrained_cfgs():
+    assert {"weightformer_tiny", "weightformer_small", "weightformer_base"} <= set(timm.list_models("weightformer*"))
+    for name, dim, size, hub in [
+        ("weightformer_tiny", 192, 224, "RuizeHe/weightformer-t"),
+        ("weightformer_small", 384, 224, "RuizeHe/weightformer-s"),
+        ("weightformer_base", 384, 448, "RuizeHe/weightformer-b"),
+    ]:
+        model = timm.create_model(name, device="meta")
+        cfg = model.pretrained_cfg
+        assert model.embed_dim == dim and len(model.blocks) == 17
+        assert cfg["input_size"] == (3, size, size) and cfg["pool_size"] == (size // 16, size // 16)
+        assert cfg["hf_hub_id"] == hub
+        assert cfg["mean"] == timm.data.IMAGENET_DEFAULT_MEAN and cfg["std"] == timm.data.IMAGENET_DEFAULT_STD
+        assert cfg["interpolation"] == "bicubic" and cfg["crop_pct"] == 0.875
+        assert cfg["first_conv"] == "patch_embed.proj" and cfg["classifier"] == "head"
+
+
+def test_dynamic_blocks_every_third_from_index_one():
+    model = timm.create_model("weightformer_tiny", device="meta")
+    dynamic = [i for i, blk in enumerate(model.blocks) if isinstance(blk.dwc, DynamicDWConv)]
+    assert dynamic == [1, 4, 7, 10, 13, 16]
+    for i, blk in enumerate(model.blocks):
+        assert isinstance(blk.mlp.fc1, DynamicLinear) == (i in dynamic)
+        assert isinstance(blk.norm_stream, torch.nn.LayerNorm) == (i in dynamic)
+
+
+@pytest.mark.parametrize("period, expected", [(1, [0, 1, 2, 3, 4]), (0, []), (2, [0, 2, 4]), (3, [1, 4])])
+def test_dynamic_period_ablation(period, expected):
+    assert [i for i in range(5) if is_dynamic_block(i, period)] == expected
+    model = WeightFormer(embed_dim=32, depth=5, dynamic_period=period, device="meta")
+    assert [i for i, b in enumerate(model.blocks) if b.dynamic] == expected
+
+
+def test_no_class_token_no_position_embedding_layernorm_after_patches():
+    model = small_model()
+    names = [n for n, _ in model.named_parameters()]
+    assert not any("cls_token" in n or "pos_embed" in n for n in names)
+    assert isinstance(model.norm_pre, torch.nn.LayerNorm) and model.norm_pre.eps == 1e-6
+
+
+def test_dynamic_block_normalises_the_residual_stream_itself():
+    """x ← LN(x) before the DWC residual: the block's output is unchanged by shifting its input."""
+    model = small_model(dynamic_period=1)
+    block = model.blocks[0]
+    x = torch.randn(1, 3, 3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), block(x * 3 + 1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("size", [(16, 16), (17, 40), (100, 60), (31, 31), (224, 96)])
+def test_any_input_size(size):
+    model = small_model()
+    with torch.no_grad():
+        logits = model(torch.randn(2, 3, *size))
+        features = model.forward_features(torch.randn(2, 3, *size))
+    assert logits.shape == (2, 7) and torch.isfinite(logits).all()
+    assert features.shape == (2, -(-size[0] // 16), -(-size[1] // 16), 32)
+
+
+def test_outputs_do_not_depend_on_the_rest_of_the_batch():
+    model = small_model(dynamic_period=1)
+    x = torch.randn(4, 3, 48, 64)
+    with torch.no_grad():
+        batched = model(x)
+        other = model(torch.cat([x[:1], torch.randn(3, 3, 48, 64)]))
+        single = torch.cat([model(x[i:i + 1]) for i in range(4)])
+    torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batched[:1], other[:1], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_raise_value_error():
+    model = small_model()
+    with pytest.raises(ValueError, match="expected 3 input channels, got 1"):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="smaller than one 16x16 patch"):
+        model(torch.randn(1, 3, 15, 64))
+    with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
+        model(torch.randn(3, 32, 32))
+
+
+def test_reference_implementation_matches_fast_path():
+    model = small_model(dynamic_period=1)
+    x = torch.randn(3, 3, 80, 48)
+    with torch.no_grad():
+        fast = model(x)
+        model.set_implementation("reference")
+        ref = model(x)
+    assert ((fast - ref).norm() / ref.norm()).item() <= 1e-5
+    with pytest.raises(ValueError):
+        model.set_implementation("turbo")
+
+
+def test_forward_head_and_reset_classifier():
+    model = small_model()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        assert feats.shape == (2, 4, 4, 32)
+        assert model.forward_head(feats, pre_logits=True).shape == (2, 32)
+        assert model.get_classifier().out_features == 7
+        model.reset_classifier(3)
+        assert model(x).shape == (2, 3)
+        model.reset_classifier(0, "")
+        assert model(x).shape == (2, 4, 4, 32)
+
+
+def test_forward_intermediates_and_pruning():
+    model = small_model()
+    x = torch.randn(1, 3, 64, 48)
+    with torch.no_grad():
+        final, inter = model.forward_intermediates(x, indices=[0, 2])
+        assert final.shape == (1, 4, 3, 32) and [t.shape for t in inter] == [(1, 32, 4, 3)] * 2
+        only = model.forward_intermediates(x, indices=2, output_fmt="NHWC", intermediates_only=True, norm=True)
+        assert len(only) == 2 and only[0].shape == (1, 4, 3, 32)
+        expected = model.forward_features(x)
+        torch.testing.assert_close(model.forward_intermediates(x, indices=1, norm=True)[1][0],
+                                   expected.permute(0, 3, 1, 2))
+    kept = model.prune_intermediate_layers([1])
+    assert kept == [1] and len(model.blocks) == 2 and model.num_classes == 0
+
+
+def test_features_only():
+    model = timm.create_model("weightformer_tiny", features_only=True, out_indices=(4, 10, 16))
+    assert model.feature_info.channels() == [192] * 3 and model.feature_info.reduction() == [16] * 3
+    with torch.no_grad():
+        feats = model(torch.randn(1, 3, 96, 64))
+    assert [f.shape for f in feats] == [(1, 192, 6, 4)] * 3
+
+
+def test_grad_checkpointing_gives_the_same_gradients():
+    model = small_model().train()
+    x = torch.randn(2, 3, 32, 32)
+    model(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+def test_optimizer_api():
+    model = small_model()
+    groups = timm.models._manipulate.group_parameters(model, model.group_matcher(), reverse=True)
+    assert len(set(groups.values())) > 2
+    assert model.no_weight_decay() == set()
+
+
+@pytest.mark.parametrize("dynamic_period", [1, 3])
+def test_bf16_autocast_forward_backward_finite(dynamic_period):
+    model = small_model(dynamic_period=dynamic_period).train()
+    x = torch.randn(2, 3, 48, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    out.float().logsumexp(-1).mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_model_in_bf16_weights():
+    model = small_model().to(torch.bfloat16)
+    out = model(torch.randn(2, 3, 32, 48, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+def test_torch_compile_matches_eager():
+    model = small_model(dynamic_period=1)
+    x = torch.randn(2, 3, 32, 48)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_torchscript_matches_eager():
+    model = small_model(dynamic_period=1)
+    scripted = torch.jit.script(model)
+    x = torch.randn(2, 3, 48, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fx_feature_extraction():
+    from timm.models import create_feature_extractor
+
+    model = small_model()
+    extractor = create_feature_extractor(model, {"blocks.1": "mid", "head": "out"})
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        out = extractor(x)
+        torch.testing.assert_close(out["out"], model(x))
+    assert out["mid"].shape == (1, 2, 2, 32)
