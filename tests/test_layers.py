@@ -89,8 +89,8 @@ def test_dynamic_linear_update_columns_are_shorter_than_one():
     x = torch.randn(2, 4, 4, 8) * 10
     with torch.no_grad():
         delta = layer.predictor(x)
-        delta = delta / (delta.norm(dim=1, keepdim=True) + 1)
-    assert (delta.norm(dim=1) < 1).all()
+        delta = delta / (delta.norm(dim=-1, keepdim=True) + 1)  # ΔWᵀ: a row per output column
+    assert (delta.norm(dim=-1) < 1).all()
 
 
 @pytest.mark.parametrize("predictor", sorted(LINEAR_PREDICTORS))

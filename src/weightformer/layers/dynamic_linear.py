@@ -4,8 +4,8 @@ All predictors below share one template. Let X ∈ R^{N×C} be a sample's tokens
 X̄ ∈ R^{N'×C} the tokens after 2×2 average pooling (N' = ⌈H/2⌉·⌈W/2⌉), r the reduction (4), and
 s = C^-1/2 / N. A linear projection P = X̄·W_p + b_p is split into P_in ∈ R^{N'×C/r} and
 P_out ∈ R^{N'×O/r}; the bases U_in ∈ R^{C/r×C} and U_out ∈ R^{O/r×O} lift them back to full width.
-Each predictor returns ΔW ∈ R^{C×O}; :class:`DynamicLinear` then normalises and adds it to the
-static weight. The predictors differ only in where the non-linearity sits:
+Each predictor returns ΔW ∈ R^{C×O}, stored transposed as ΔWᵀ (O, C) like ``nn.Linear.weight``;
+:class:`DynamicLinear` then normalises it and adds it to the static weight. The predictors differ only in where the non-linearity sits:
 
 - ``bilateral`` (the paper's default): ΔW = (σ(P_in)·U_in)ᵀ · (σ(P_out)·U_out) · s, σ = SiLU.
 - ``linear``: no activation, ΔW = (P_in·U_in)ᵀ · (P_out·U_out) · s.
@@ -74,8 +74,8 @@ class _LowRankPredictor(nn.Module):
         trunc_normal_(self.out_basis, std=0.02)
 
     def expand(self, core: Tensor) -> Tensor:
-        """Lift a low-rank core (B, C/r, O/r) to ΔW = U_inᵀ·core·U_out, (B, C, O)."""
-        return torch.matmul(self.in_basis.t(), torch.matmul(core, self.out_basis))
+        """Lift a low-rank core (B, C/r, O/r) to ΔWᵀ = (U_inᵀ·core·U_out)ᵀ, returned as (B, O, C)."""
+        return torch.matmul(self.out_basis.t(), torch.matmul(core.transpose(1, 2), self.in_basis))
 
     def bilateral(self, p: Tensor, scale: float) -> Tensor:
         """ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale for P (B, N', C/r + O/r).
@@ -90,7 +90,7 @@ class _LowRankPredictor(nn.Module):
 class BilateralPredictor(_LowRankPredictor):
     """Bilateral activation: ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·C^-1/2/N, P from 2×2-pooled tokens."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         num_tokens = x.shape[1] * x.shape[2]
         return self.bilateral(self.proj(pool_2x2(x)), self.scale / num_tokens)
 
@@ -98,7 +98,7 @@ class BilateralPredictor(_LowRankPredictor):
 class LinearPredictor(_LowRankPredictor):
     """Linear prediction: ΔW = (P_in·U_in)ᵀ(P_out·U_out)·C^-1/2/N, no activation."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         num_tokens = x.shape[1] * x.shape[2]
         p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
         return self.expand(torch.matmul(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
@@ -107,7 +107,7 @@ class LinearPredictor(_LowRankPredictor):
 class NonlinearPredictor(_LowRankPredictor):
     """Non-linear prediction: ΔW = U_inᵀ·σ(P_inᵀP_out·C^-1/2/N)·U_out, one activation on the core."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         num_tokens = x.shape[1] * x.shape[2]
         p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
         core = torch.matmul(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
@@ -123,7 +123,7 @@ class DeepPredictor(_LowRankPredictor):
         trunc_normal_(self.hidden.weight, std=0.02)
         nn.init.zeros_(self.hidden.bias)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         num_tokens = x.shape[1] * x.shape[2]
         p = self.proj(F.gelu(self.hidden(pool_2x2(x))))
         return self.bilateral(p, self.scale / num_tokens)
@@ -132,7 +132,7 @@ class DeepPredictor(_LowRankPredictor):
 class GapPredictor(_LowRankPredictor):
     """Global-average prediction: bilateral ΔW from the single token ḡ = mean(X), a rank-one update."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C, O)
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         g = x.mean(dim=(1, 2)).unsqueeze(1)  # (B, 1, C)
         return self.bilateral(self.proj(g), self.scale)
 
@@ -194,11 +194,14 @@ class DynamicLinear(nn.Module):
         B, H, W, C = x.shape
         if C != self.in_features:
             raise ValueError(f"DynamicLinear expected {self.in_features} input features, got {C}")
-        delta = self.predictor(x)  # (B, C, O)
-        delta = delta / (torch.linalg.vector_norm(delta, dim=1, keepdim=True) + 1.0)
-        # One batched GEMM with the static weight folded in: y = b + X·(Wᵀ + ΔŴ).
-        weight = self.weight.t() + delta  # (B, C, O)
-        out = torch.baddbmm(self.bias, x.reshape(B, H * W, C), weight)
+        # ΔWᵀ keeps each output column contiguous, so the column norm is a contiguous reduction and
+        # the static weight (O, C) adds without a transpose.
+        delta_t = self.predictor(x)  # (B, O, C)
+        delta_t = delta_t / (torch.linalg.vector_norm(delta_t, dim=-1, keepdim=True) + 1.0)
+        weight_t = self.weight + delta_t  # (B, O, C)
+        # One batched GEMM with the static weight folded in: y = b + X·(W + ΔŴ)ᵀ; BLAS reads the
+        # transposed operand in place.
+        out = torch.baddbmm(self.bias, x.reshape(B, H * W, C), weight_t.transpose(1, 2))  # (B, N, O)
         return out.reshape(B, H, W, self.out_features)
 
 
@@ -217,7 +220,7 @@ def dynamic_linear_reference(layer: DynamicLinear, x: Tensor) -> Tensor:
         b = F.silu(p_out) @ p.out_basis  # (B, N', O)
         delta = a.transpose(-2, -1) @ b * p.scale / N  # (B, C, O)
     else:
-        delta = layer.predictor(x)
+        delta = layer.predictor(x).transpose(1, 2)
     delta = delta / (delta.norm(dim=-2, keepdim=True) + 1.0)
     weight = delta + layer.weight.t()
     return (x.reshape(B, N, C) @ weight + layer.bias).reshape(B, H, W, -1)
