@@ -1,0 +1,165 @@
+"""Writers for a sweep's result document: JSON, CSV, a Markdown table and the log-log scaling plot."""
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .machine import describe
+
+CSV_COLUMNS = [
+    "model",
+    "label",
+    "resolution",
+    "tokens",
+    "batch",
+    "measurement",
+    "status",
+    "value",
+    "unit",
+    "ratio_vs_baseline",
+    "baseline_model",
+    "seconds_per_call",
+    "iterations",
+    "samples_s",
+    "peak_mib",
+    "baseline_mib",
+    "params",
+    "gmacs_per_image",
+    "reason",
+]
+
+
+def write_json(result: Dict[str, Any], path: Path) -> None:
+    """The whole result document, machine and config included."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def write_csv(result: Dict[str, Any], path: Path) -> None:
+    """One line per (model, resolution, batch, measurement); the machine is named in a leading comment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        f.write(f"# machine: {describe(result['machine'])}\n")
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in result["rows"]:
+            writer.writerow({**row, "samples_s": ";".join(f"{s:.6g}" for s in row["samples_s"])})
+
+
+def _cell(row: Optional[Dict[str, Any]], digits: int, ratio: bool = True) -> str:
+    if row is None:
+        return "—"
+    if row["status"] != "ok":
+        return "skipped"
+    text = f"{row['value']:.{digits}f}"
+    if ratio and row["ratio_vs_baseline"] is not None and row["model"] != row["baseline_model"]:
+        text += f" ({row['ratio_vs_baseline']:.2f}×)"
+    return text
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+    """A Markdown table per resolution: params, GMACs, throughputs and extra peak memory, with ratios vs DeiT."""
+    rows: List[Dict[str, Any]] = result["rows"]
+    index = {(r["model"], r["resolution"], r["measurement"]): r for r in rows}
+    flops = {(f["model"], f["resolution"]): f for f in result.get("flops", [])}
+    models = list(dict.fromkeys(r["model"] for r in rows)) or list(dict.fromkeys(f["model"] for f in flops.values()))
+    resolutions = sorted({r["resolution"] for r in rows} | {f["resolution"] for f in flops.values()})
+    labels = {r["model"]: r["label"] for r in rows}
+    lines = [
+        f"Machine: {describe(result['machine'])}, {result['config']['dtype']}.",
+        "",
+        "Throughput in images/s (higher is better), memory is the extra peak of one call over the",
+        "process's baseline in MiB (lower is better); ratios in brackets are against the DeiT of the same",
+        "size with fused attention, at the same point. GMACs per image include attention matmuls.",
+        "",
+    ]
+    for res in resolutions:
+        batch = next((r["batch"] for r in rows if r["resolution"] == res), 1)
+        lines += [
+            f"### {res}×{res} (batch {batch})",
+            "",
+            "| Model | Params (M) | GMACs | Inference img/s | Training img/s | Inference memory (MiB) | Training memory (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for model in models:
+            cells = [index.get((model, res, m)) for m in ("infer_throughput", "train_throughput", "infer_memory", "train_memory")]
+            entry = flops.get((model.removesuffix("-ckpt"), res))
+            if entry is None and all(c is None for c in cells):
+                continue
+            params = f"{entry['params'] / 1e6:.2f}" if entry else "—"
+            gmacs = f"{entry['macs'] / 1e9:.2f}" if entry else "—"
+            label = labels.get(model, model)
+            lines.append(
+                f"| {label} | {params} | {gmacs} | {_cell(cells[0], 2)} | {_cell(cells[1], 2)} "
+                f"| {_cell(cells[2], 0)} | {_cell(cells[3], 0)} |"
+            )
+        lines.append("")
+    skipped = [r for r in rows if r["status"] != "ok"]
+    if skipped:
+        lines += ["Skipped points:", ""]
+        lines += [f"- {r['label']}, {r['measurement']}, {r['resolution']}px: {r['reason']}" for r in skipped]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_markdown(result: Dict[str, Any], path: Path) -> None:
+    """Write ``markdown_table(result)`` to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown_table(result))
+
+
+def plot_scaling(result: Dict[str, Any], path: Path) -> None:
+    """The scaling figure: inference throughput and peak memory against resolution, both axes logarithmic.
+
+    Memory is the training step's extra peak where measured, else the inference call's.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["status"] == "ok"]
+    memory_kind = "train_memory" if any(r["measurement"] == "train_memory" for r in rows) else "infer_memory"
+    memory_label = {"train_memory": "training step", "infer_memory": "inference"}[memory_kind]
+    panels = [
+        ("infer_throughput", "inference throughput (img/s)"),
+        (memory_kind, f"{memory_label} extra peak memory (MiB)"),
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (measurement, ylabel) in zip(axes, panels):
+        for model in dict.fromkeys(r["model"] for r in rows):
+            points = sorted((r["resolution"], r["value"]) for r in rows if r["model"] == model and r["measurement"] == measurement)
+            if not points:
+                continue
+            label = next(r["label"] for r in rows if r["model"] == model)
+            style = "-" if model.startswith("wf") else "--"
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, style, marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        resolutions = sorted({r["resolution"] for r in rows})
+        if resolutions:
+            ax.set_xticks(resolutions)
+            ax.set_xticklabels([str(r) for r in resolutions])
+            ax.minorticks_off()
+        ax.set_xlabel("resolution (px per side)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{describe(result['machine'])}, {result['config']['dtype']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(result: Dict[str, Any], out_dir: Path) -> List[Path]:
+    """results.json, results.csv, results.md and scaling.png under ``out_dir``; returns the paths."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / name for name in ("results.json", "results.csv", "results.md", "scaling.png")]
+    write_json(result, paths[0])
+    write_csv(result, paths[1])
+    write_markdown(result, paths[2])
+    plot_scaling(result, paths[3])
+    return paths
