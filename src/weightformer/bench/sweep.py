@@ -18,7 +18,7 @@ import torch
 from . import memory
 from .flops import count_flops
 from .machine import machine_info
-from .timing import inference_call, iterations_for, median, time_call, training_step
+from .timing import inference_call, iterations_for, median, round_robin, time_call, training_step
 from .variants import INFER, TRAIN, Variant, build_model, get_variant, param_count, random_batch
 
 THROUGHPUT = {INFER: "infer_throughput", TRAIN: "train_throughput"}
@@ -173,10 +173,7 @@ class Sweep:
             if reason is not None:
                 self.log(f"  skip {variant.key} {mode} {resolution}px: {reason}")
                 self.rows.append(_row(variant, resolution, batch, measurement, status="skipped", reason=reason))
-        samples: Dict[str, List[float]] = {key: [] for key in calls}
-        for _ in range(cfg.repetitions):
-            for key, fn in calls.items():
-                samples[key].append(time_call(fn, cfg.device, iterations[key]))
+        samples = round_robin(calls, cfg.repetitions, cfg.device, iterations)
         for variant in variants:
             if variant.key not in calls:
                 continue
@@ -259,8 +256,16 @@ class Sweep:
     def run(self) -> Dict[str, Any]:
         """Measure everything in the config; return {machine, config, rows, flops, elapsed_s}."""
         cfg = self.config
+        threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self) -> Dict[str, Any]:
+        cfg = self.config
         start = time.perf_counter()
         variants = [get_variant(key) for key in cfg.models]
         train_res = cfg.resolutions if cfg.train_resolutions is None else cfg.train_resolutions

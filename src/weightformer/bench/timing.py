@@ -8,7 +8,7 @@ import contextlib
 import math
 import statistics
 import time
-from typing import Callable, ContextManager, List, Optional, Sequence
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,20 @@ def time_call(fn: Callable[[], None], device: str, iterations: int = 1) -> float
 def iterations_for(seconds_per_call: float, min_seconds: float) -> int:
     """How many calls make one timed repetition last at least ``min_seconds``."""
     return max(1, math.ceil(min_seconds / max(seconds_per_call, 1e-9)))
+
+
+def round_robin(
+    calls: Dict[str, Callable[[], None]], repetitions: int, device: str, iterations: Dict[str, int]
+) -> Dict[str, List[float]]:
+    """Seconds per call of each callable, ``repetitions`` rounds, every callable timed once per round.
+
+    Alternating spreads drifts in machine load over all callables instead of biasing whichever ran last.
+    """
+    samples: Dict[str, List[float]] = {key: [] for key in calls}
+    for _ in range(repetitions):
+        for key, fn in calls.items():
+            samples[key].append(time_call(fn, device, iterations.get(key, 1)))
+    return samples
 
 
 def median(values: Sequence[float]) -> float:

@@ -1,0 +1,218 @@
+"""Measure every CPU target of issue 4, section 3, side by side in one run (fp32, 2 torch threads).
+
+    python benchmarks/targets.py [--repetitions 5] [--out benchmarks/results/targets_cpu.json]
+
+Prints one line per target (measured value, threshold, met or not) and writes the same, with the raw
+samples and the machine, as JSON. Models that are compared are timed round-robin in one process.
+The H200 targets need CUDA and are measured by benchmarks/gpu.py.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import torch
+
+from weightformer.bench import count_flops, machine_info, measure_memory
+from weightformer.bench.machine import describe
+from weightformer.bench.timing import (
+    gemm_call,
+    inference_call,
+    iterations_for,
+    median,
+    paired_rates,
+    round_robin,
+    time_call,
+    training_step,
+)
+from weightformer.bench.variants import INFER, TRAIN, build_model, get_variant, random_batch
+
+HIGH, MID, LOW = 1248, 624, 224
+TRAIN_BATCH = GEMM_BATCH = 16
+GEMM_SIZE = 2048
+
+
+def _target(name: str, measured: float, threshold: float, at_least: bool, unit: str, detail: str) -> Dict[str, Any]:
+    met = measured >= threshold if at_least else measured <= threshold
+    return {
+        "target": name,
+        "measured": measured,
+        "threshold": threshold,
+        "comparison": ">=" if at_least else "<=",
+        "unit": unit,
+        "met": met,
+        "detail": detail,
+    }
+
+
+def _timed(calls: Dict[str, Callable[[], None]], repetitions: int, min_seconds: float) -> Dict[str, List[float]]:
+    """Warm each call once, then time them round-robin; returns seconds per call for every round."""
+    iterations = {key: iterations_for(time_call(fn, "cpu"), min_seconds) for key, fn in calls.items()}
+    return round_robin(calls, repetitions, "cpu", iterations)
+
+
+def inference_targets(repetitions: int, min_seconds: float) -> tuple:
+    """WeightFormer-T vs DeiT-T and vs naive at 1248², batch 1, and WeightFormer-T's 624² -> 1248² scaling."""
+    calls = {}
+    for key, res in (("wf-t", HIGH), ("wf-t-naive", HIGH), ("deit-t", HIGH), ("wf-t", MID)):
+        images, _ = random_batch(1, res, "cpu")
+        calls[f"{key}@{res}"] = inference_call(build_model(get_variant(key), res), images)
+    samples = _timed(calls, repetitions, min_seconds)
+    sec = {key: median(values) for key, values in samples.items()}
+    wf, naive, deit, wf_mid = (sec[k] for k in ("wf-t@1248", "wf-t-naive@1248", "deit-t@1248", "wf-t@624"))
+    targets = [
+        _target(
+            "1248² b1 inference: WeightFormer-T / DeiT-T (fused) throughput",
+            deit / wf,
+            5.5,
+            True,
+            "×",
+            f"WeightFormer-T {1 / wf:.3f} img/s, DeiT-T {1 / deit:.3f} img/s",
+        ),
+        _target(
+            "624² -> 1248² (4× tokens): WeightFormer-T time ratio",
+            wf / wf_mid,
+            4.6,
+            False,
+            "×",
+            f"{wf_mid:.3f} s -> {wf:.3f} s per image",
+        ),
+        _target(
+            "1248² b1 inference: WeightFormer-T fast / naive throughput",
+            naive / wf,
+            1.15,
+            True,
+            "×",
+            f"fast {wf:.3f} s, naive {naive:.3f} s per image",
+        ),
+    ]
+    return targets, samples
+
+
+def gemm_target(pairs: int, min_seconds: float) -> tuple:
+    """WeightFormer-T inference at 224², batch 16, as a share of a 2048³ fp32 matmul's GFLOP/s."""
+    model = build_model(get_variant("wf-t"), LOW)
+    images, _ = random_batch(GEMM_BATCH, LOW, "cpu")
+    model_flops = count_flops(model, images).flops * GEMM_BATCH
+    gemm, forward = paired_rates(
+        gemm_call(GEMM_SIZE), 2.0 * GEMM_SIZE**3, inference_call(model, images), model_flops, "cpu", pairs, min_seconds
+    )
+    gemm_rate, model_rate = median(gemm), median(forward)
+    target = _target(
+        "224² b16 inference: WeightFormer-T GFLOP/s as % of 2048³ fp32 GEMM",
+        100.0 * model_rate / gemm_rate,
+        60.0,
+        True,
+        "%",
+        f"model {model_rate:.1f} GFLOP/s ({model_flops / GEMM_BATCH / 1e9:.3f} GFLOP/img), GEMM {gemm_rate:.1f} GFLOP/s",
+    )
+    return [target], {"gemm_gflops": gemm, "model_gflops": forward, "model_flops_per_batch": model_flops}
+
+
+def training_targets(repetitions: int, min_seconds: float) -> tuple:
+    """Training steps (forward, backward, AdamW) at 224², batch 16: WeightFormer-T vs DeiT-T and vs naive."""
+    calls = {}
+    for key in ("wf-t", "wf-t-naive", "deit-t"):
+        images, labels = random_batch(TRAIN_BATCH, LOW, "cpu")
+        calls[key] = training_step(build_model(get_variant(key), LOW), images, labels)
+    samples = _timed(calls, repetitions, min_seconds)
+    wf, naive, deit = (median(samples[k]) for k in ("wf-t", "wf-t-naive", "deit-t"))
+    targets = [
+        _target(
+            "224² b16 training step: WeightFormer-T / DeiT-T (fused) rate",
+            deit / wf,
+            1.05,
+            True,
+            "×",
+            f"WeightFormer-T {TRAIN_BATCH / wf:.2f} img/s, DeiT-T {TRAIN_BATCH / deit:.2f} img/s",
+        ),
+        _target(
+            "224² b16 training step: WeightFormer-T fast / naive rate",
+            naive / wf,
+            1.1,
+            True,
+            "×",
+            f"fast {wf:.3f} s, naive {naive:.3f} s per step",
+        ),
+    ]
+    return targets, samples
+
+
+def memory_targets() -> tuple:
+    """Extra peak RSS of one training step at 1248², batch 1, each in a fresh subprocess."""
+    reports = {key: measure_memory(key, TRAIN, HIGH, 1) for key in ("wf-t", "wf-t-ckpt", "deit-t", "wf-t-naive")}
+    extra = {key: r.extra_mib for key, r in reports.items()}
+    targets = [
+        _target(
+            "1248² b1 training step extra peak memory: WeightFormer-T / DeiT-T (fused)",
+            extra["wf-t"] / extra["deit-t"],
+            1.0,
+            False,
+            "×",
+            f"WeightFormer-T {extra['wf-t']:.0f} MiB, DeiT-T {extra['deit-t']:.0f} MiB, naive {extra['wf-t-naive']:.0f} MiB",
+        ),
+        _target(
+            "1248² b1 training step extra peak memory: WeightFormer-T grad-ckpt / DeiT-T (fused)",
+            extra["wf-t-ckpt"] / extra["deit-t"],
+            0.3,
+            False,
+            "×",
+            f"WeightFormer-T checkpointed {extra['wf-t-ckpt']:.0f} MiB",
+        ),
+    ]
+    return targets, {key: r.as_dict() for key, r in reports.items()}
+
+
+def format_table(targets: List[Dict[str, Any]]) -> str:
+    """The targets as an aligned text table."""
+    width = max(len(t["target"]) for t in targets)
+    lines = [f"{'target':{width}s}  {'measured':>9s}  {'threshold':>11s}  status"]
+    for t in targets:
+        value = f"{t['measured']:.2f}{t['unit']}"
+        threshold = f"{t['comparison']} {t['threshold']:g}{t['unit']}"
+        lines.append(f"{t['target']:{width}s}  {value:>9s}  {threshold:>11s}  {'met' if t['met'] else 'NOT MET'}")
+        lines.append(f"{'':{width}s}    {t['detail']}")
+    return "\n".join(lines)
+
+
+def main(argv: List[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repetitions", type=int, default=5, help="round-robin rounds (and GEMM pairs)")
+    parser.add_argument("--min-rep-seconds", type=float, default=0.5, help="a timed repetition lasts at least this")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/targets_cpu.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    machine = machine_info("cpu")
+    print(f"machine: {describe(machine)}", flush=True)
+
+    targets: List[Dict[str, Any]] = []
+    raw: Dict[str, Any] = {}
+    for name, measure in (
+        ("inference", lambda: inference_targets(args.repetitions, args.min_rep_seconds)),
+        ("gemm", lambda: gemm_target(args.repetitions, args.min_rep_seconds)),
+        ("training", lambda: training_targets(args.repetitions, args.min_rep_seconds)),
+        ("memory", memory_targets),
+    ):
+        print(f"measuring {name} targets ...", flush=True)
+        found, raw[name] = measure()
+        targets += found
+    print(format_table(targets))
+    print("H200 targets (7.7× DeiT-T throughput at <= 9% of its memory, bf16, 1248²): need CUDA, see benchmarks/gpu.py")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "machine": machine,
+        "settings": {"dtype": "float32", "threads": args.threads, "repetitions": args.repetitions},
+        "targets": targets,
+        "raw": raw,
+    }
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Behaviour of the benchmark harness on tiny configurations; no timed assertions."""
+
+import argparse
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from weightformer.bench import (
+    Sweep,
+    SweepConfig,
+    attach_ratios,
+    attention_flops,
+    build_model,
+    count_flops,
+    get_variant,
+    measure_memory,
+    write_all,
+)
+from weightformer.bench.cli import add_arguments, config_from_args, parse_batches
+from weightformer.bench.timing import median, round_robin
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_attention_flops_matches_counter_on_explicit_matmuls():
+    batch, heads, tokens, head_dim = 2, 3, 7, 4
+    q, k, v = (torch.randn(batch, heads, tokens, head_dim) for _ in range(3))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        (q @ k.transpose(-2, -1)).softmax(-1) @ v
+    assert attention_flops(batch, tokens, heads * head_dim) == counter.get_total_flops()
+    assert attention_flops(1, 10, 8) == 4 * 10 * 10 * 8
+
+
+def test_fused_attention_flops_equal_explicit_ones():
+    images = torch.randn(1, 3, 32, 32)
+    fused = count_flops(build_model(get_variant("deit-t"), 32), images)
+    explicit = count_flops(build_model(get_variant("deit-t-explicit"), 32), images)
+    assert explicit.flops_attention_added == 0
+    assert fused.flops == explicit.flops
+    assert fused.macs == fused.flops // 2
+    # Whatever the counter sees of fused attention, nothing is counted twice.
+    assert fused.flops_counted + fused.flops_attention_added == explicit.flops_counted
+
+
+def test_median_and_ratios():
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+    rows = [
+        {"model": m, "baseline_model": "deit-t", "resolution": 224, "batch": 1, "measurement": "infer_throughput",
+         "status": "ok", "value": v, "ratio_vs_baseline": None}
+        for m, v in (("deit-t", 4.0), ("wf-t", 10.0))
+    ]
+    attach_ratios(rows)
+    assert rows[0]["ratio_vs_baseline"] == 1.0
+    assert rows[1]["ratio_vs_baseline"] == 2.5
+
+
+def test_round_robin_alternates_models():
+    order = []
+    calls = {key: (lambda key=key: order.append(key)) for key in ("a", "b", "c")}
+    samples = round_robin(calls, repetitions=2, device="cpu", iterations={"b": 2})
+    assert order == ["a", "b", "b", "c", "a", "b", "b", "c"]
+    assert {key: len(v) for key, v in samples.items()} == {"a": 2, "b": 2, "c": 2}
+
+
+def test_memory_subprocess_reports_positive_peak():
+    report = measure_memory("wf-t", "infer", 32, 1)
+    assert report.peak_mib > report.baseline_mib > 0
+    assert report.extra_mib == pytest.approx(report.peak_mib - report.baseline_mib)
+
+
+def test_sweep_writes_well_formed_outputs(tmp_path):
+    config = SweepConfig(
+        models=["wf-t", "deit-t"],
+        resolutions=[32],
+        default_batch=2,
+        measurements=("infer", "train", "flops"),
+        repetitions=2,
+        min_rep_seconds=0.0,
+        threads=1,
+    )
+    threads = torch.get_num_threads()
+    result = Sweep(config, log=lambda _: None).run()
+    assert torch.get_num_threads() == threads
+    json_path, csv_path, md_path, png_path = write_all(result, tmp_path)
+
+    document = json.loads(json_path.read_text())
+    assert {"cpu", "cpu_count", "torch", "torch_threads", "date"} <= set(document["machine"])
+    rows = document["rows"]
+    assert {(r["model"], r["measurement"]) for r in rows} == {
+        (m, k) for m in ("wf-t", "deit-t") for k in ("infer_throughput", "train_throughput")
+    }
+    for row in rows:
+        assert row["status"] == "ok" and row["value"] > 0 and len(row["samples_s"]) == 2
+        assert row["params"] > 0 and row["gmacs_per_image"] > 0
+        if row["model"] == "deit-t":
+            assert row["ratio_vs_baseline"] == 1.0
+
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("# machine:")
+    table = list(csv.DictReader(lines[1:]))
+    assert len(table) == len(rows) and float(table[0]["value"]) > 0
+
+    markdown = md_path.read_text()
+    assert "### 32×32 (batch 2)" in markdown and "| WeightFormer-T |" in markdown
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_skips_points_over_the_time_budget():
+    config = SweepConfig(models=["wf-t"], resolutions=[32], measurements=("infer",), max_call_seconds=1.0)
+    sweep = Sweep(config, log=lambda _: None)
+    sweep.rates[("wf-t", "infer")] = 1.0  # one FLOP per second: any real point is far over budget
+    rows = sweep.run()["rows"]
+    assert [r["status"] for r in rows] == ["skipped"]
+    assert "budget" in rows[0]["reason"]
+
+
+def test_cli_options_build_a_config():
+    assert parse_batches("224:16,448:4,1") == ({224: 16, 448: 4}, 1)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_batches("224:x")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--models", "wf-t,deit-t", "--resolutions", "224,448", "--batch", "224:8,2", "--device", "cpu"])
+    config = config_from_args(args)
+    assert config.models == ["wf-t", "deit-t"] and config.resolutions == [224, 448]
+    assert config.batch_for(224) == 8 and config.batch_for(448) == 2
+    with pytest.raises(ValueError, match="unknown model"):
+        config_from_args(parser.parse_args(["--models", "resnet"]))
+
+
+def test_gpu_largest_batch_bisection(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    monkeypatch.setattr(gpu, "_fits", lambda model, batch, resolution, device: batch <= 37)
+    assert gpu.largest_batch(None, 1248, "cuda", max_batch=4096) == 37
+    assert gpu.largest_batch(None, 1248, "cuda", max_batch=16) == 16
+    monkeypatch.setattr(gpu, "_fits", lambda model, batch, resolution, device: False)
+    assert gpu.largest_batch(None, 1248, "cuda", max_batch=16) == 0
