@@ -187,3 +187,32 @@ def test_dynamic_dwconv_rejects_bad_arguments():
         DynamicDWConv(8, predictor="nope")
     with pytest.raises(ValueError, match="expected 8 channels"):
         DynamicDWConv(8)(torch.randn(1, 4, 5, 5))
+
+
+def test_gelu_linear_matches_autograd_exactly():
+    from weightformer.layers.gelu_linear import gelu_linear
+
+    h = torch.randn(2, 3, 5, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    g = torch.randn(2, 3, 5, 8)
+    expected = torch.autograd.grad(F.linear(F.gelu(h), w, b), (h, w, b), g)
+    got = torch.autograd.grad(gelu_linear(h, w, b), (h, w, b), g)
+    for e, o in zip(expected, got):
+        torch.testing.assert_close(o, e, rtol=1e-6, atol=1e-6)
+    args = [torch.randn(*s, dtype=torch.double, requires_grad=True) for s in [(3, 4), (5, 4), (5,)]]
+    assert torch.autograd.gradcheck(gelu_linear, args)
+
+
+def test_gelu_linear_under_bf16_autocast():
+    from weightformer.layers.gelu_linear import gelu_linear
+
+    h = torch.randn(4, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = gelu_linear(h, w, b)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert h.grad.dtype == w.grad.dtype == b.grad.dtype == torch.float32
+    assert all(torch.isfinite(t.grad).all() for t in (h, w, b))

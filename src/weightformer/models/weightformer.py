@@ -23,6 +23,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
+from ..layers.gelu_linear import gelu_linear
 
 __all__ = ["WeightFormer", "Block", "checkpoint_filter_fn", "is_dynamic_block"]
 
@@ -66,9 +67,15 @@ class Mlp(nn.Module):
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim, **dd)
         self.drop2 = nn.Dropout(drop)
+        # With exact GELU and no dropout in between, GELU + fc2 run as one op that recomputes the
+        # activation in backward instead of storing it (see layers.gelu_linear).
+        self.fuse_act_fc2 = type(self.act) is nn.GELU and self.act.approximate == "none" and drop == 0.0
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        hidden = self.fc1(x)  # (B, H, W, hidden)
+        if self.fuse_act_fc2:
+            return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias))
+        return self.drop2(self.fc2(self.drop1(self.act(hidden))))
 
 
 class Block(nn.Module):

@@ -1,0 +1,42 @@
+"""GELU followed by a linear layer, keeping only the GELU's input for the backward pass.
+
+Autograd would keep both the GELU's input (for its own backward) and its output (for the linear
+layer's weight gradient): two tensors of the MLP's 4× width per block, the largest activations of
+the network. Recomputing GELU(h) in the backward pass costs one element-wise pass and halves that
+memory; the gradients are bit-for-bit those of ``F.linear(F.gelu(h), W, b)``.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from timm.layers import register_notrace_function
+
+__all__ = ["gelu_linear"]
+
+
+class _GeluLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        ctx.save_for_backward(hidden, weight)
+        ctx.bias_dtype = bias.dtype
+        return F.linear(F.gelu(hidden), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        hidden, weight = ctx.saved_tensors
+        dtype = grad_out.dtype  # under autocast the forward ran in a lower precision
+        act = F.gelu(hidden).to(dtype)
+        grad_rows = grad_out.reshape(-1, grad_out.shape[-1])  # (tokens, out)
+        grad_weight = grad_rows.t() @ act.reshape(-1, act.shape[-1])  # (out, in)
+        grad_bias = grad_rows.sum(0)
+        grad_act = grad_out @ weight.to(dtype)  # (..., in)
+        grad_hidden = torch.ops.aten.gelu_backward(grad_act, hidden.to(dtype))
+        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), grad_bias.to(ctx.bias_dtype)
+
+
+@register_notrace_function
+def gelu_linear(hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``F.linear(F.gelu(hidden), weight, bias)`` that saves ``hidden`` only. Shapes (..., in) -> (..., out)."""
+    if not torch.jit.is_scripting():
+        return _GeluLinear.apply(hidden, weight, bias)
+    return F.linear(F.gelu(hidden), weight, bias)  # TorchScript cannot call autograd Functions
