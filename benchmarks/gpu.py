@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -129,7 +129,7 @@ def _file_name(gpu: str) -> str:
     return "gpu_" + re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_") + ".json"
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="wf-t,deit-t,deit-t-explicit", help="comma-separated model keys")
     parser.add_argument("--resolutions", default="1248,224", help="comma-separated image sides")

@@ -9,7 +9,7 @@ Runs one warm-up call, then profiles ``--steps`` calls and prints the top ops by
 
 import argparse
 import sys
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -47,7 +47,7 @@ def profile_table(
     return prof.key_averages(group_by_input_shape=by_shape).table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="wf-t", choices=list(VARIANTS))
     parser.add_argument("--resolution", type=int, default=1248)

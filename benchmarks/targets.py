@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -27,7 +27,7 @@ from weightformer.bench.timing import (
     time_call,
     training_step,
 )
-from weightformer.bench.variants import INFER, TRAIN, build_model, get_variant, random_batch
+from weightformer.bench.variants import TRAIN, build_model, get_variant, random_batch
 
 HIGH, MID, LOW = 1248, 624, 224
 TRAIN_BATCH = GEMM_BATCH = 16
@@ -177,7 +177,7 @@ def format_table(targets: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=5, help="round-robin rounds (and GEMM pairs)")
     parser.add_argument("--min-rep-seconds", type=float, default=0.5, help="a timed repetition lasts at least this")

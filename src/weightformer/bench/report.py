@@ -24,6 +24,7 @@ CSV_COLUMNS = [
     "samples_s",
     "peak_mib",
     "baseline_mib",
+    "method",
     "params",
     "gmacs_per_image",
     "reason",

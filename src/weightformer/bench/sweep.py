@@ -41,7 +41,7 @@ class SweepConfig:
     measurements: Tuple[str, ...] = MEASUREMENTS
     train_resolutions: Optional[List[int]] = None
     memory_resolutions: Optional[List[int]] = None
-    memory_modes: Tuple[str, ...] = (INFER, TRAIN)
+    memory_modes: Tuple[str, ...] = (TRAIN,)
     repetitions: int = 3
     min_rep_seconds: float = 1.0
     max_call_seconds: float = 15.0
@@ -77,8 +77,7 @@ def _release(device: str) -> None:
 
 
 def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
-    patch = 16
-    grid = -(-resolution // patch)
+    grid = -(-resolution // 16)  # every benchmarked model has 16×16 patches
     row = {
         "model": variant.key,
         "label": variant.label,
@@ -97,6 +96,7 @@ def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fiel
         "iterations": None,
         "peak_mib": None,
         "baseline_mib": None,
+        "method": None,
         "reason": "",
     }
     row.update(fields)
@@ -246,7 +246,7 @@ class Sweep:
                     unit="MiB",
                     peak_mib=report.peak_mib,
                     baseline_mib=report.baseline_mib,
-                    reason=report.method,
+                    method=report.method,
                 )
             )
 
