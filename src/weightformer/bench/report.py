@@ -127,16 +127,19 @@ def plot_scaling(result: Dict[str, Any], path: Path) -> None:
         ("infer_throughput", "inference throughput (img/s)"),
         (memory_kind, f"{memory_label} extra peak memory (MiB)"),
     ]
+    # One colour per model across both panels; WeightFormer solid, DeiT dashed.
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    colours = {model: f"C{i % 10}" for i, model in enumerate(models)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, (measurement, ylabel) in zip(axes, panels):
-        for model in dict.fromkeys(r["model"] for r in rows):
+        for model in models:
             points = sorted((r["resolution"], r["value"]) for r in rows if r["model"] == model and r["measurement"] == measurement)
             if not points:
                 continue
             label = next(r["label"] for r in rows if r["model"] == model)
             style = "-" if model.startswith("wf") else "--"
             xs, ys = zip(*points)
-            ax.plot(xs, ys, style, marker="o", label=label)
+            ax.plot(xs, ys, style, color=colours[model], marker="o", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         resolutions = sorted({r["resolution"] for r in rows})
@@ -147,7 +150,9 @@ def plot_scaling(result: Dict[str, Any], path: Path) -> None:
         ax.set_xlabel("resolution (px per side)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(f"{describe(result['machine'])}, {result['config']['dtype']}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
