@@ -1,0 +1,92 @@
+"""Data for training and evaluation: bundled data sets, ImageFolder trees, timm transforms, sampling.
+
+:func:`open_dataset` turns ``--data`` (a built-in name or a folder) into train and val splits
+plus the facts a model needs (classes, channels, normalisation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import Dataset
+
+from .builtin import BUILTIN_DATASETS, ArrayImageDataset, BuiltinSpec, load_builtin
+from .errors import DataError
+from .folder import ImageFolderDataset, SkippedImagesWarning, load_image_folder
+from .sampler import ResumableSampler
+from .transforms import SeededTransformDataset, build_transforms, precompute, seeded_rng
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "ArrayImageDataset",
+    "BuiltinSpec",
+    "DataError",
+    "DataInfo",
+    "ImageFolderDataset",
+    "ResumableSampler",
+    "SeededTransformDataset",
+    "SkippedImagesWarning",
+    "build_transforms",
+    "builtin_defaults",
+    "load_builtin",
+    "load_image_folder",
+    "open_dataset",
+    "precompute",
+    "seeded_rng",
+]
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model and its transforms need to know about a data set."""
+
+    name: str  # a built-in name, or the absolute path of an ImageFolder tree
+    num_classes: int
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    classes: tuple[str, ...]
+    skipped: tuple[str, ...] = ()  # unreadable files left out
+
+
+def builtin_defaults(data: str) -> dict[str, Any]:
+    """Training defaults for a built-in data set (empty for an ImageFolder path)."""
+    spec = BUILTIN_DATASETS.get(data)
+    return dict(spec.defaults) if spec else {}
+
+
+def open_dataset(
+    data: str,
+    splits: tuple[str, ...] = ("train", "val"),
+    verify: bool = True,
+    warn: bool = True,
+) -> tuple[DataInfo, dict[str, Dataset]]:
+    """Open ``data`` (a built-in name such as ``"mnist"`` or an ImageFolder path) without transforms.
+
+    Returns its :class:`DataInfo` and ``{split: dataset}``. ``verify`` and ``warn`` are passed to
+    :func:`load_image_folder`.
+    """
+    if data in BUILTIN_DATASETS:
+        spec, builtin_splits = load_builtin(data)
+        info = DataInfo(
+            name=data,
+            num_classes=spec.num_classes,
+            in_chans=spec.in_chans,
+            mean=spec.mean,
+            std=spec.std,
+            classes=tuple(str(i) for i in range(spec.num_classes)),
+        )
+        return info, {split: builtin_splits[split] for split in splits}
+    folder, folder_splits = load_image_folder(data, splits=splits, verify=verify, warn=warn)
+    info = DataInfo(
+        name=folder.root,
+        num_classes=folder.num_classes,
+        in_chans=3,
+        mean=tuple(IMAGENET_DEFAULT_MEAN),
+        std=tuple(IMAGENET_DEFAULT_STD),
+        classes=folder.classes,
+        skipped=folder.skipped,
+    )
+    return info, dict(folder_splits)

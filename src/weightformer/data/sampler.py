@@ -1,0 +1,75 @@
+"""A distributed sampler that can resume part-way through an epoch."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["ResumableSampler"]
+
+
+class ResumableSampler(Sampler[int]):
+    """Shuffled, rank-sharded sample indices, with an exact start point inside the epoch.
+
+    Epoch ``e`` uses the permutation drawn from a generator seeded with ``seed + e``, the same on
+    every rank, and rank ``r`` takes every ``num_replicas``-th index from position ``r``, as
+    :class:`torch.utils.data.DistributedSampler` does. With ``pad`` the permutation is extended by
+    repeating its head so all ranks get the same count (training); without it shards may differ
+    by one (evaluation, where every sample must count once). ``set_epoch(e, start)`` skips the
+    first ``start`` indices of this rank's shard: the ones consumed before a checkpoint.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        pad: bool = True,
+    ):
+        if num_samples <= 0:
+            raise ValueError(f"num_samples must be positive, got {num_samples}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self.num_samples = num_samples
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.pad = pad
+        self.epoch = 0
+        self.start = 0
+
+    @property
+    def shard_size(self) -> int:
+        """Indices this rank gets in a whole epoch."""
+        if self.pad:
+            return math.ceil(self.num_samples / self.num_replicas)
+        return len(range(self.rank, self.num_samples, self.num_replicas))
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use epoch ``epoch``'s permutation and skip the first ``start`` indices of this shard."""
+        if not 0 <= start <= self.shard_size:
+            raise ValueError(f"start must be in [0, {self.shard_size}], got {start}")
+        self.epoch = epoch
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=generator).tolist()
+        else:
+            order = list(range(self.num_samples))
+        if self.pad:
+            total = self.shard_size * self.num_replicas
+            order = (order * math.ceil(total / self.num_samples))[:total]
+        shard = order[self.rank :: self.num_replicas]
+        return iter(shard[self.start :])
+
+    def __len__(self) -> int:
+        return self.shard_size - self.start

@@ -1,0 +1,108 @@
+"""timm transforms, applied with random state that depends only on (seed, epoch, sample index).
+
+Seeding each sample's augmentation makes it independent of worker count, worker scheduling and
+where in an epoch a run resumed: the property exact resume needs.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+from timm.data import create_transform
+from torch.utils.data import Dataset, TensorDataset
+
+__all__ = ["SeededTransformDataset", "build_transforms", "precompute", "seeded_rng"]
+
+
+@contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Seed Python's, NumPy's and torch's CPU generators for the block, then restore their states."""
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+class SeededTransformDataset(Dataset):
+    """``transform(base[i])``; with a ``seed``, the transform's randomness is fixed by (seed, epoch, i)."""
+
+    def __init__(self, base: Dataset, transform: Callable, seed: Optional[int] = None):
+        self.base = base
+        self.transform = transform
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the next samples' augmentations from epoch ``epoch``'s stream."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        img, target = self.base[index]
+        if self.seed is None:
+            return self.transform(img), target
+        sample_seed = int(np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0])
+        with seeded_rng(sample_seed % 2**63):
+            return self.transform(img), target
+
+
+def precompute(dataset: Dataset) -> TensorDataset:
+    """Apply a deterministic transform to every sample once: (N, C, H, W) images and (N,) labels in memory.
+
+    For small in-memory data sets (mnist) without augmentation, where the per-sample PIL pipeline
+    would cost more than the model.
+    """
+    images, labels = zip(*(dataset[i] for i in range(len(dataset))))  # type: ignore[arg-type]
+    return TensorDataset(torch.stack(images), torch.tensor(labels, dtype=torch.long))
+
+
+def build_transforms(
+    img_size: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    *,
+    train_scale: tuple[float, float] = (0.08, 1.0),
+    hflip: float = 0.5,
+    color_jitter: float = 0.4,
+    auto_augment: Optional[str] = None,
+    reprob: float = 0.0,
+    interpolation: str = "bicubic",
+    crop_pct: float = 0.875,
+    no_aug: bool = False,
+) -> tuple[Callable, Callable]:
+    """timm's ImageNet train and eval transforms: (train, val), both ending in normalised tensors.
+
+    ``no_aug`` makes the train transform the deterministic eval one (resize, crop, normalise).
+    """
+    val = create_transform(
+        img_size, is_training=False, interpolation=interpolation, mean=mean, std=std, crop_pct=crop_pct
+    )
+    if no_aug:
+        return val, val
+    train = create_transform(
+        img_size,
+        is_training=True,
+        scale=tuple(train_scale),
+        hflip=hflip,
+        color_jitter=color_jitter,
+        auto_augment=auto_augment,
+        interpolation=interpolation,
+        mean=mean,
+        std=std,
+        re_prob=reprob,
+        re_mode="pixel",
+        re_count=1,
+    )
+    return train, val

@@ -1,0 +1,113 @@
+"""Run records: metrics.jsonl, curves.png, and progress output (tqdm on a terminal, log lines otherwise)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from tqdm import tqdm
+
+__all__ = ["Progress", "append_metrics", "format_duration", "plot_curves", "read_metrics", "truncate_metrics"]
+
+
+def append_metrics(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as a line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file ([] if it does not exist)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, completed_epochs: int) -> None:
+    """Keep the records of the first ``completed_epochs`` epochs: the ones a resumed checkpoint includes."""
+    if path.is_file():
+        kept = [r for r in read_metrics(path) if r["epoch"] <= completed_epochs and not r.get("partial")]
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def plot_curves(metrics_path: Path, png_path: Path) -> None:
+    """Loss (train, val) and top-1/top-5 accuracy against epoch, as a PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_metrics(metrics_path)
+    if not records:
+        return
+    epochs = [r["epoch"] for r in records]
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    ax_loss.plot(epochs, [r["train_loss"] for r in records], marker="o", label="train")
+    ax_loss.plot(epochs, [r["val_loss"] for r in records], marker="o", label="val")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax_acc.plot(epochs, [r["val_top1"] for r in records], marker="o", label="top-1")
+    ax_acc.plot(epochs, [r["val_top5"] for r in records], marker="o", label="top-5")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+
+
+def format_duration(seconds: float) -> str:
+    """``3725`` -> ``'1:02:05'``."""
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Per-epoch progress: a tqdm bar with ETA on a terminal, a plain line every ``interval`` steps otherwise.
+
+    Silent when ``enabled`` is false (ranks other than 0).
+    """
+
+    def __init__(self, enabled: bool, interval: int, total_steps: int, done_steps: int):
+        self.enabled = enabled
+        self.tty = enabled and sys.stdout.isatty()
+        self.interval = max(interval, 1)
+        self.total_steps = total_steps  # optimizer steps of the whole run
+        self.run_start_steps = done_steps
+        self.run_start = time.perf_counter()
+        self.bar: Optional[tqdm] = None
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int, done: int) -> None:
+        if self.tty:
+            self.bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{epochs}", dynamic_ncols=True, leave=True)
+        self.epoch, self.epochs, self.steps = epoch, epochs, steps
+
+    def step(self, step_in_epoch: int, global_step: int, loss: float, lr: float, img_per_s: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+            return
+        if step_in_epoch % self.interval == 0 or step_in_epoch == self.steps:
+            elapsed = time.perf_counter() - self.run_start
+            rate = (global_step - self.run_start_steps) / max(elapsed, 1e-9)
+            eta = (self.total_steps - global_step) / max(rate, 1e-9)
+            print(
+                f"epoch {self.epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} loss {loss:.4f} "
+                f"lr {lr:.2e} {img_per_s:.0f} img/s eta {format_duration(eta)}",
+                flush=True,
+            )
+
+    def end_epoch(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def write(self, message: str) -> None:
+        """Print a line (above the bar on a terminal)."""
+        if self.enabled:
+            (self.bar.write if self.bar is not None else print)(message)
+            sys.stdout.flush()

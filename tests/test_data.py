@@ -1,0 +1,119 @@
+"""Data: built-in MNIST, ImageFolder scanning and its errors, corrupt-file skipping, the resumable sampler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest_train import make_image_folder
+from weightformer.data import (
+    DataError,
+    ResumableSampler,
+    SeededTransformDataset,
+    SkippedImagesWarning,
+    build_transforms,
+    open_dataset,
+)
+
+
+def test_builtin_mnist_splits():
+    info, splits = open_dataset("mnist")
+    assert (info.num_classes, info.in_chans) == (10, 1)
+    assert (len(splits["train"]), len(splits["val"])) == (8000, 2000)
+    img, label = splits["train"][0]
+    assert img.size == (28, 28) and 0 <= label < 10
+
+
+def test_image_folder_classes_and_samples(tmp_path: Path):
+    make_image_folder(tmp_path, classes=("a", "b", "c"), train_per_class=2, val_per_class=1)
+    info, splits = open_dataset(str(tmp_path))
+    assert info.classes == ("a", "b", "c") and info.in_chans == 3
+    assert len(splits["train"]) == 6 and len(splits["val"]) == 3
+    assert sorted(label for _, label in splits["train"].samples) == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ("missing", "does not exist"),
+        ("no_splits", "is not a folder"),
+        ("no_classes", "has no class subfolders"),
+        ("no_images", "holds no readable images"),
+        ("mismatch", "have different classes"),
+    ],
+)
+def test_bad_folders_raise_one_line_errors(tmp_path: Path, layout: str, message: str):
+    root = tmp_path / "data"
+    if layout == "no_splits":
+        root.mkdir()
+    elif layout == "no_classes":
+        (root / "train").mkdir(parents=True)
+        (root / "val").mkdir()
+    elif layout == "no_images":
+        (root / "train" / "a").mkdir(parents=True)
+        (root / "val" / "a").mkdir(parents=True)
+    elif layout == "mismatch":
+        make_image_folder(root, classes=("a", "b"), train_per_class=1, val_per_class=1)
+        (root / "val" / "b").rename(root / "val" / "z")
+    with pytest.raises(DataError, match=message) as info:
+        open_dataset(str(root))
+    assert "\n" not in str(info.value)
+    if layout == "mismatch":
+        assert "only in train/: ['b']" in str(info.value) and "only in val/: ['z']" in str(info.value)
+
+
+def test_corrupt_images_are_skipped_and_reported_once(tmp_path: Path):
+    make_image_folder(tmp_path, train_per_class=3, val_per_class=2)
+    garbage = tmp_path / "train" / "cat" / "broken.jpg"
+    garbage.write_bytes(b"this is not a jpeg")
+    truncated = tmp_path / "val" / "dog" / "truncated.png"
+    truncated.write_bytes((tmp_path / "val" / "dog" / "0.png").read_bytes()[:60])
+    with pytest.warns(SkippedImagesWarning) as record:
+        info, splits = open_dataset(str(tmp_path))
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "skipped 2 unreadable" in message and str(garbage) in message and str(truncated) in message
+    assert info.skipped == (str(garbage), str(truncated))
+    assert len(splits["train"]) == 6 and len(splits["val"]) == 4
+
+
+def test_undecodable_image_is_replaced_at_load_time(tmp_path: Path):
+    make_image_folder(tmp_path, train_per_class=2, val_per_class=1)
+    _, splits = open_dataset(str(tmp_path))
+    dataset = splits["train"]
+    bad = Path(dataset.samples[0][0])
+    bad.write_bytes(b"gone bad after the scan")
+    with pytest.warns(SkippedImagesWarning, match="broken|unreadable"):
+        img, label = dataset[0]
+    assert img.size == (20, 20) and label == dataset.samples[1][1]
+
+
+def test_sampler_shards_cover_the_epoch_and_resume_mid_epoch():
+    n, world = 10, 3
+    shards = [list(ResumableSampler(n, world, rank, seed=1)) for rank in range(world)]
+    assert all(len(s) == 4 for s in shards)  # padded to 12 = 3 x 4
+    assert set(sum(shards, [])) == set(range(n))
+    sampler = ResumableSampler(n, world, 1, seed=1)
+    sampler.set_epoch(0, start=2)
+    assert list(sampler) == shards[1][2:] and len(sampler) == 2
+    sampler.set_epoch(1)
+    assert list(sampler) != shards[1]  # another epoch, another permutation
+    val = [list(ResumableSampler(n, world, r, shuffle=False, pad=False)) for r in range(world)]
+    assert sorted(sum(val, [])) == list(range(n))  # evaluation: every sample exactly once
+
+
+def test_seeded_augmentation_depends_only_on_seed_epoch_index(tmp_path: Path):
+    make_image_folder(tmp_path, train_per_class=2, val_per_class=1)
+    _, splits = open_dataset(str(tmp_path))
+    train_tf, _ = build_transforms(16, (0.5,) * 3, (0.5,) * 3, auto_augment="rand-m9-mstd0.5-inc1", reprob=0.5)
+    dataset = SeededTransformDataset(splits["train"], train_tf, seed=3)
+    first = dataset[1][0]
+    torch.rand(5)  # global RNG use in between must not matter
+    assert torch.equal(dataset[1][0], first)
+    dataset.set_epoch(1)
+    assert not torch.equal(dataset[1][0], first)
+    state = torch.get_rng_state()
+    dataset[0]
+    assert torch.equal(torch.get_rng_state(), state)  # the global stream is left as it was
