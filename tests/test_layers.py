@@ -216,3 +216,14 @@ def test_gelu_linear_under_bf16_autocast():
     y.float().sum().backward()
     assert h.grad.dtype == w.grad.dtype == b.grad.dtype == torch.float32
     assert all(torch.isfinite(t.grad).all() for t in (h, w, b))
+
+
+def test_gelu_linear_without_grad_matches_and_consumes_its_input():
+    from weightformer.layers.gelu_linear import gelu_linear
+
+    h, w, b = torch.randn(6, 16), torch.randn(8, 16), torch.randn(8)
+    expected = F.linear(F.gelu(h), w, b)
+    with torch.no_grad():
+        torch.testing.assert_close(gelu_linear(h.clone(), w, b), expected)
+    with torch.inference_mode():
+        torch.testing.assert_close(gelu_linear(h.clone(), w, b), expected)

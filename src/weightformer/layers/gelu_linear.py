@@ -36,7 +36,13 @@ class _GeluLinear(torch.autograd.Function):
 
 @register_notrace_function
 def gelu_linear(hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """``F.linear(F.gelu(hidden), weight, bias)`` that saves ``hidden`` only. Shapes (..., in) -> (..., out)."""
-    if not torch.jit.is_scripting():
+    """``F.linear(F.gelu(hidden), weight, bias)`` that saves ``hidden`` only. Shapes (..., in) -> (..., out).
+
+    ``hidden`` is consumed: when no gradient is needed the activation is computed in place in it,
+    which saves allocating (and page-faulting) a tensor of the MLP's full width.
+    """
+    if torch.jit.is_scripting():
+        return F.linear(F.gelu(hidden), weight, bias)  # TorchScript cannot call autograd Functions
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad):
         return _GeluLinear.apply(hidden, weight, bias)
-    return F.linear(F.gelu(hidden), weight, bias)  # TorchScript cannot call autograd Functions
+    return F.linear(torch.ops.aten.gelu_(hidden), weight, bias)
