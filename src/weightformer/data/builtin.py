@@ -41,14 +41,15 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = {
         img_size=28,
         mean=(0.1307,),
         std=(0.3081,),
-        # 28 px digits: 4 px patches give a 7x7 token grid; a narrow, shallow WeightFormer (two of
-        # its six blocks dynamic) reaches 98% in a few CPU minutes. Digits must not be flipped, and
-        # the ImageNet augmentations (RandAugment, Mixup/CutMix, erasing) only slow a short run.
+        # 28 px digits: 4 px patches give a 7x7 token grid, and a narrow, shallow WeightFormer (one
+        # of its four blocks dynamic) passes 97% on the held-out digits in about four CPU minutes.
+        # Mild random resized crops fight over-fitting the 8,000 images; flips (digits are not
+        # symmetric), RandAugment, Mixup/CutMix and erasing only slow a short run down.
         defaults=dict(
             model="weightformer_tiny",
-            model_kwargs=dict(patch_size=4, embed_dim=64, depth=6, drop_path_rate=0.0),
+            model_kwargs=dict(patch_size=4, embed_dim=96, depth=4, drop_path_rate=0.0),
             img_size=28,
-            epochs=8,
+            epochs=15,
             batch_size=128,
             lr=8e-3,
             warmup_epochs=1,
@@ -64,7 +65,7 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = {
             crop_pct=1.0,
             interpolation="bilinear",
             ema=False,
-            workers=0,  # the images are already in memory as tensors
+            workers=0,  # in memory, and cropping a 28 px image costs little next to the model
         ),
     ),
 }

@@ -45,7 +45,7 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax_loss, ax_acc = fig.subplots(1, 2)
-    ax_loss.plot(epochs, [r["train_loss"] for r in records], marker="o", label="train")
+    ax_loss.plot(epochs, [r["train_loss"] for r in records], marker="o", label="train (smoothed or mixed targets)")
     ax_loss.plot(epochs, [r["val_loss"] for r in records], marker="o", label="val")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
     ax_acc.plot(epochs, [r["val_top1"] for r in records], marker="o", label="top-1")

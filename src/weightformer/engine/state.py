@@ -16,7 +16,7 @@ A training checkpoint is a dict of tensors and plain Python values only, so it l
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import numpy as np
 import timm
@@ -132,10 +132,3 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
         f"It was saved for another architecture or configuration; pass the matching --model and --model-kwargs"
     )
 
-
-def describe_meta(meta: Optional[Mapping[str, Any]]) -> str:
-    """One line naming the model a checkpoint was trained as."""
-    if not meta:
-        return "an unknown model"
-    kwargs = " ".join(f"{k}={v}" for k, v in meta.get("model_kwargs", {}).items())
-    return f"{meta['model']} ({kwargs}, {meta['num_classes']} classes, data {meta.get('data')})"

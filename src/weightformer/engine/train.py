@@ -222,9 +222,8 @@ def _train(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult
             f"batch size {cfg.batch_size} is larger than the {train_sampler.shard_size} training images per process; "
             f"lower --batch-size"
         )
+    loader_args = dict(num_workers=min(cfg.workers, os.cpu_count() or 1), pin_memory=device.type == "cuda")
     # Private generators: building loader iterators must not draw from the global RNG (exact resume).
-    workers = min(cfg.workers, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False)
     train_loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=train_sampler, drop_last=True,
                               generator=torch.Generator(), **loader_args)
     val_loader = DataLoader(val_set, batch_size=cfg.batch_size, sampler=val_sampler, generator=torch.Generator(),
