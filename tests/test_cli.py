@@ -107,13 +107,13 @@ def test_bad_data_is_one_error_line(tmp_path: Path, capsys, layout: str):
 def test_corrupt_image_is_skipped_and_training_continues(tmp_path: Path, capsys):
     root = make_image_folder(tmp_path / "data", train_per_class=3, val_per_class=1)
     (root / "train" / "dog" / "garbage.jpg").write_bytes(b"\x00\x01 not an image")
-    with pytest.warns(UserWarning, match=r"skipped 1 unreadable image file\(s\).*garbage\.jpg"):
+    with pytest.warns(UserWarning, match=r"(?s)skipped 1 unreadable image file\(s\).*garbage\.jpg"):
         code = main(["train", "--data", str(root), "--output", str(tmp_path / "out"), "--max-steps", "2", *TINY_FLAGS])
     assert code == 0 and (tmp_path / "out" / "last.pt").is_file()
 
 
 def test_checkpoint_with_other_class_count_is_refused(trained: Path, tmp_path: Path, capsys):
-    two_classes = make_image_folder(tmp_path / "two", classes=("a", "b"), train_per_class=1, val_per_class=1)
+    two_classes = make_image_folder(tmp_path / "two", classes=("a", "b"), train_per_class=2, val_per_class=1)
     assert main(["eval", "--checkpoint", str(trained / "best.pt"), "--data", str(two_classes), "--workers", "0"]) == 2
     assert "has 3 classes, the data" in _error_line(capsys)
     # Resuming into a run whose data has another class count names the mismatch too.
@@ -127,7 +127,7 @@ def test_checkpoint_for_another_architecture_names_the_mismatch(trained: Path, f
                  "--model-kwargs", "patch_size=4", "embed_dim=48", "depth=2", "--workers", "0",
                  "--data", str(folder)]) == 2
     err = _error_line(capsys)
-    assert "does not fit the model" in err and "shape mismatch" in err and "(3, 32) vs (3, 48)" in err
+    assert "does not fit the model" in err and "shape mismatch(es) (checkpoint vs model)" in err and "(32,) vs (48,)" in err
 
 
 class _RunsCode:
@@ -175,3 +175,9 @@ def test_bench_is_loaded_lazily(monkeypatch, capsys):
 def test_python_dash_m_is_the_same_command():
     out = subprocess.run([sys.executable, "-m", "weightformer", "--help"], capture_output=True, text=True, check=True)
     assert "train" in out.stdout and "eval" in out.stdout and "bench" in out.stdout
+
+
+def test_image_too_small_for_the_model_is_one_error_line(folder: Path, tmp_path: Path, capsys):
+    assert main(["train", "--data", str(folder), "--model", "convnext_atto", "--img-size", "16", "--batch-size", "4",
+                 "--workers", "0", "--device", "cpu", "--output", str(tmp_path)]) == 2
+    assert "convnext_atto cannot take 16 px images" in _error_line(capsys)

@@ -114,7 +114,8 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
         return
     classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
     head_weight = f"{classifier}.weight"
-    if head_weight in reshaped and len(reshaped) == 1 and not (missing or unexpected):
+    only_head = all(k.startswith(f"{classifier}.") for k in reshaped)
+    if head_weight in reshaped and only_head and not (missing or unexpected):
         raise CheckpointError(
             f"{source} has {state[head_weight].shape[0]} classes, the model has {expected[head_weight].shape[0]}; "
             f"use a checkpoint trained on this data set, or data with the checkpoint's classes"

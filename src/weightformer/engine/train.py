@@ -123,6 +123,22 @@ def _default_output(cfg: TrainConfig) -> str:
     return f"runs/{Path(cfg.data).name}_{cfg.model}"
 
 
+def _check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.device) -> None:
+    """One eval-mode forward of a blank image, so a model that cannot take this size fails with one line."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, meta["in_chans"], meta["img_size"], meta["img_size"], device=device))
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{meta['model']} cannot take {meta['img_size']} px images ({reason}); "
+            f"pass a larger --img-size or model kwargs that fit (e.g. a smaller patch_size)"
+        ) from exc
+    model.train(was_training)
+
+
 def _resume_path(cfg: TrainConfig) -> Optional[Path]:
     """The checkpoint to resume from: ``--resume PATH``, or ``last.pt`` in the output folder for auto."""
     if cfg.resume is None:
@@ -238,6 +254,7 @@ def _train(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult
         "mean": list(info.mean), "std": list(info.std), "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct,
     }
     model = build_model(meta).to(device)
+    _check_input_size(model, meta, device)
     world_batch = cfg.batch_size * dist_info.world_size
     lr = cfg.lr * world_batch / 512
     optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
@@ -307,8 +324,8 @@ def _train(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult
         elif metrics_path.exists():
             metrics_path.unlink()  # a fresh run in an old directory
         n_params = sum(p.numel() for p in model.parameters())
-        kwargs = " ".join(f"{k}={v}" for k, v in meta["model_kwargs"].items())
-        print(f"model {cfg.model} ({kwargs}; {n_params / 1e6:.2f}M parameters), {info.num_classes} classes")
+        kwargs = "".join(f"{k}={v} " for k, v in meta["model_kwargs"].items())
+        print(f"model {cfg.model} ({kwargs}{n_params / 1e6:.2f}M parameters), {info.num_classes} classes")
         print(f"data {info.name}: {len(train_set)} train / {len(val_set)} val images at {img_size} px; "
               f"{dist_info.world_size} process(es) on {device.type}, batch {cfg.batch_size} per process "
               f"(total {world_batch}), lr {cfg.lr:g} x {world_batch}/512 = {lr:.3g}, {cfg.epochs} epochs "
