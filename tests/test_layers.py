@@ -227,3 +227,18 @@ def test_gelu_linear_without_grad_matches_and_consumes_its_input():
         torch.testing.assert_close(gelu_linear(h.clone(), w, b), expected)
     with torch.inference_mode():
         torch.testing.assert_close(gelu_linear(h.clone(), w, b), expected)
+
+
+def test_add_normalised_rows_gradients():
+    from weightformer.layers.dynamic_linear import add_normalised_rows
+
+    w = torch.randn(5, 7, dtype=torch.double, requires_grad=True)
+    d = torch.randn(3, 5, 7, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(add_normalised_rows, (w, d))
+    expected = w + d / (d.norm(dim=-1, keepdim=True) + 1)
+    torch.testing.assert_close(add_normalised_rows(w, d), expected)
+    # a zero update has the identity as its derivative, not NaN
+    zero = torch.zeros(1, 5, 7, dtype=torch.double, requires_grad=True)
+    g = torch.randn(1, 5, 7, dtype=torch.double)
+    (grad,) = torch.autograd.grad(add_normalised_rows(w.detach(), zero), zero, g)
+    torch.testing.assert_close(grad, g)

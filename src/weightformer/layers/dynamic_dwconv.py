@@ -42,7 +42,9 @@ class AdaptiveKernelPredictor(nn.Module):
         self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
-        pooled = F.adaptive_avg_pool2d(x, self.kernel_size)
+        # Contiguous (NCHW) so the 1×1 convs' weight gradients come out in the weights' own layout,
+        # which DDP's gradient buckets expect; the pooled map is only K×K.
+        pooled = F.adaptive_avg_pool2d(x, self.kernel_size).contiguous()
         return self.fc2(self.act(self.fc1(pooled)))
 
 
@@ -90,7 +92,7 @@ class ConvKernelPredictor(nn.Module):
         self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
-        pooled = F.adaptive_avg_pool2d(x, self.kernel_size)
+        pooled = F.adaptive_avg_pool2d(x, self.kernel_size).contiguous()  # see AdaptiveKernelPredictor
         return self.fc2(self.act(self.fc1(self.spatial(pooled))))
 
 

@@ -69,7 +69,8 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
         # With exact GELU and no dropout in between, GELU + fc2 run as one op that recomputes the
         # activation in backward instead of storing it (see layers.gelu_linear).
-        self.fuse_act_fc2 = type(self.act) is nn.GELU and self.act.approximate == "none" and drop == 0.0
+        self.can_fuse_act_fc2 = type(self.act) is nn.GELU and self.act.approximate == "none" and drop == 0.0
+        self.fuse_act_fc2 = self.can_fuse_act_fc2
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)  # (B, H, W, hidden)
@@ -244,12 +245,15 @@ class WeightFormer(nn.Module):
 
     @torch.jit.ignore
     def set_implementation(self, name: str) -> None:
-        """Select ``"fast"`` (default) or ``"reference"`` (the paper's pseudocode) dynamic layers."""
+        """Select ``"fast"`` (default) or ``"reference"``: the paper's pseudocode for the dynamic
+        layers and a plain GELU -> fc2 in every MLP, the baseline that speed-ups are measured against."""
         if name not in ("fast", "reference"):
             raise ValueError(f"implementation must be 'fast' or 'reference', got {name!r}")
         for module in self.modules():
             if isinstance(module, (DynamicLinear, DynamicDWConv)):
                 module.use_reference = name == "reference"
+            elif isinstance(module, Mlp):
+                module.fuse_act_fc2 = name == "fast" and module.can_fuse_act_fc2
 
     # ---------------------------------------------------------------------------------------------
     # forward
