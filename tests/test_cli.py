@@ -158,7 +158,10 @@ def test_unknown_setting_is_an_error(capsys):
 
 
 def test_bench_is_loaded_lazily(monkeypatch, capsys):
+    import weightformer.bench
+
     monkeypatch.setitem(sys.modules, "weightformer.bench.cli", None)  # import fails
+    monkeypatch.delattr(weightformer.bench, "cli", raising=False)  # even if another test imported it
     assert main(["bench", "--anything"]) == 1
     assert "bench subcommand is unavailable" in _error_line(capsys)
 
@@ -166,8 +169,6 @@ def test_bench_is_loaded_lazily(monkeypatch, capsys):
     fake.add_arguments = lambda parser: parser.add_argument("--repeat", type=int, default=1)
     fake.run = lambda args: 0 if args.repeat == 3 else 5
     monkeypatch.setitem(sys.modules, "weightformer.bench.cli", fake)
-    import weightformer.bench
-
     monkeypatch.setattr(weightformer.bench, "cli", fake, raising=False)
     assert main(["bench", "--repeat", "3"]) == 0
 
