@@ -218,15 +218,18 @@ def test_gelu_linear_under_bf16_autocast():
     assert all(torch.isfinite(t.grad).all() for t in (h, w, b))
 
 
-def test_gelu_linear_without_grad_matches_and_consumes_its_input():
+def test_gelu_linear_without_grad_matches_and_consumes_its_input_only_when_asked():
     from weightformer.layers.gelu_linear import gelu_linear
 
     h, w, b = torch.randn(6, 16), torch.randn(8, 16), torch.randn(8)
     expected = F.linear(F.gelu(h), w, b)
     with torch.no_grad():
-        torch.testing.assert_close(gelu_linear(h.clone(), w, b), expected)
+        kept = h.clone()
+        torch.testing.assert_close(gelu_linear(kept, w, b), expected)
+        torch.testing.assert_close(kept, h)  # not consumed unless asked
+        torch.testing.assert_close(gelu_linear(h.clone(), w, b, consume=True), expected)
     with torch.inference_mode():
-        torch.testing.assert_close(gelu_linear(h.clone(), w, b), expected)
+        torch.testing.assert_close(gelu_linear(h.clone(), w, b, consume=True), expected)
 
 
 def test_add_normalised_rows_gradients():

@@ -216,3 +216,13 @@ def test_fx_feature_extraction():
         out = extractor(x)
         torch.testing.assert_close(out["out"], model(x))
     assert out["mid"].shape == (1, 2, 2, 32)
+
+
+def test_hooks_on_fc1_see_the_pre_activation_unchanged():
+    model = small_model()
+    seen = []
+    model.blocks[0].mlp.fc1.register_forward_hook(lambda mod, inp, out: seen.append((out, out.clone())))
+    with torch.inference_mode():
+        model(torch.randn(1, 3, 32, 32))
+    kept, copy = seen[0]
+    torch.testing.assert_close(kept, copy)

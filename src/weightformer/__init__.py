@@ -4,7 +4,7 @@ Importing the package registers ``weightformer_tiny``, ``weightformer_small`` an
 ``weightformer_base`` with timm, so ``timm.create_model("weightformer_tiny")`` works.
 """
 
-from . import checkpoint  # registers the safe stand-in for the authors' pickled config
+from . import checkpoint  # noqa: F401  (reads the authors' pickled yacs config safely)
 from .layers import DynamicDWConv, DynamicLinear, attention_as_mlp
 from .models import WeightFormer
 

@@ -13,7 +13,6 @@ from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, PatchEmbed, trunc_normal_
@@ -75,7 +74,9 @@ class Mlp(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)  # (B, H, W, hidden)
         if self.fuse_act_fc2:
-            return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias))
+            # fc1's output may be overwritten in place unless a hook could have kept a reference to it.
+            observed = bool(self.fc1._forward_hooks) or bool(nn.modules.module._global_forward_hooks)
+            return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias, consume=not observed))
         return self.drop2(self.fc2(self.drop1(self.act(hidden))))
 
 
