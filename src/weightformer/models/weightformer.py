@@ -73,10 +73,11 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)  # (B, H, W, hidden)
-        if self.fuse_act_fc2:
-            # fc1's output may be overwritten in place unless a hook could have kept a reference to it.
-            observed = bool(self.fc1._forward_hooks) or bool(nn.modules.module._global_forward_hooks)
-            return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias, consume=not observed))
+        if not torch.jit.is_scripting():  # TorchScript sees neither hooks nor autograd Functions
+            if self.fuse_act_fc2:
+                # fc1's output may be overwritten in place unless a hook could have kept a reference to it.
+                observed = bool(self.fc1._forward_hooks) or bool(nn.modules.module._global_forward_hooks)
+                return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias, consume=not observed))
         return self.drop2(self.fc2(self.drop1(self.act(hidden))))
 
 
