@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from typing import Any, Optional, Sequence
@@ -59,7 +60,8 @@ def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=[])
     p.add_argument("--img-size", type=int)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                   help="data-loading processes (default: 4, at most the CPU count)")
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--ema", action="store_true", help="evaluate the checkpoint's EMA weights")
