@@ -226,3 +226,10 @@ def test_hooks_on_fc1_see_the_pre_activation_unchanged():
         model(torch.randn(1, 3, 32, 32))
     kept, copy = seen[0]
     torch.testing.assert_close(kept, copy)
+
+
+@pytest.mark.parametrize("kwargs", [dict(depth=0), dict(embed_dim=-8), dict(patch_size=0), dict(mlp_ratio=0.0),
+                                    dict(dynamic_period=-1), dict(global_pool="max"), dict(embed_dim="abc")])
+def test_bad_constructor_arguments_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        WeightFormer(**kwargs)

@@ -147,3 +147,10 @@ def test_unreadable_checkpoints_give_clear_errors(tmp_path):
     bad_safe.write_bytes(b"\x00" * 16)
     with pytest.raises(CheckpointError, match="safetensors"):
         load_checkpoint_file(bad_safe)
+
+
+def test_a_text_file_is_not_called_unsafe(tmp_path):
+    text = tmp_path / "notes.pt"
+    text.write_text("# not a checkpoint\n")
+    with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
+        load_checkpoint_file(text)

@@ -43,13 +43,26 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        detail = _unpickling_detail(str(exc))
+        if not detail.startswith("GLOBAL"):
+            raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({detail})") from exc
         raise CheckpointError(
             f"refused to load {path}: it holds pickled objects other than tensors and plain data "
-            f"({first}). Only load checkpoints you trust; convert it to safetensors if it is yours"
+            f"({detail}). Only load checkpoints you trust; convert it to safetensors if it is yours"
         ) from exc
     except (RuntimeError, EOFError, OSError) as exc:
         raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({exc})") from exc
+
+
+def _unpickling_detail(message: str) -> str:
+    """The line of torch's ``weights_only`` error that says what was found, without its boilerplate."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in lines:  # e.g. "WeightsUnpickler error: Unsupported global: GLOBAL io.open was not ..."
+        if "GLOBAL" in line:
+            return line[line.index("GLOBAL"):].split(". ")[0]
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation", "Re-running", "(")
+    useful = [line for line in lines if not line.startswith(boilerplate)]
+    return (useful or lines or ["unknown unpickling error"])[0].removeprefix("WeightsUnpickler error: ")
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:

@@ -192,6 +192,8 @@ def _validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.max_steps is not None and cfg.max_steps < 1:
         raise ConfigError(f"max_steps must be at least 1, got {cfg.max_steps}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr must be positive, got {cfg.lr}")
     if cfg.workers < 0:
         raise ConfigError(f"workers must be 0 (load in the training process) or more, got {cfg.workers}")
     if cfg.img_size is not None and cfg.img_size < 1:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import CheckpointError, load_checkpoint_file
+from .errors import ConfigError
 
 __all__ = [
     "build_model",
@@ -63,9 +64,16 @@ def build_model(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Module:
     name = meta["model"]
     if not timm.is_model(name):
         raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
-    return timm.create_model(
-        name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **meta["model_kwargs"]
-    )
+    kwargs = meta["model_kwargs"]
+    try:
+        return timm.create_model(
+            name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **kwargs
+        )
+    except (TypeError, ValueError, AssertionError) as exc:  # a bad model argument, as the model reports it
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"cannot build {name} with model arguments {kwargs}: {detail}; check --model-kwargs"
+        ) from exc
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:

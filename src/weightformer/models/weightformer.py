@@ -157,6 +157,11 @@ class WeightFormer(nn.Module):
         super().__init__()
         if global_pool not in ("avg", ""):
             raise ValueError(f"global_pool must be 'avg' or '' (no pooling), got {global_pool!r}")
+        for name, value in (("embed_dim", embed_dim), ("depth", depth), ("patch_size", patch_size), ("in_chans", in_chans)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio!r}")
         if dynamic_period < 0:
             raise ValueError(f"dynamic_period must be >= 0 (0: all blocks static), got {dynamic_period}")
         dd = dict(device=device, dtype=dtype)
