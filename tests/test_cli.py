@@ -182,3 +182,17 @@ def test_image_too_small_for_the_model_is_one_error_line(folder: Path, tmp_path:
     assert main(["train", "--data", str(folder), "--model", "convnext_atto", "--img-size", "16", "--batch-size", "4",
                  "--workers", "0", "--device", "cpu", "--output", str(tmp_path)]) == 2
     assert "convnext_atto cannot take 16 px images" in _error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lr", "-1"], "lr must be positive"),
+        (["--model-kwargs", "embed_dim=abc"], "cannot build weightformer_tiny"),
+        (["--model-kwargs", "depth=-3"], "depth must be a positive integer"),
+        (["--model-kwargs", "not_an_argument=1"], "unexpected keyword argument 'not_an_argument'"),
+    ],
+)
+def test_bad_training_settings_are_one_error_line(tmp_path: Path, capsys, args: list, message: str):
+    assert main(["train", "--max-steps", "1", "--output", str(tmp_path), *args]) == 2
+    assert message in _error_line(capsys)
