@@ -145,7 +145,9 @@ def plot_scaling(result: Dict[str, Any], path: Path) -> None:
         resolutions = sorted({r["resolution"] for r in rows})
         if resolutions:
             ax.set_xticks(resolutions)
-            ax.set_xticklabels([str(r) for r in resolutions])
+            # Batch sizes differ between resolutions, and memory is per call, so name the batch too.
+            batch_of = {r["resolution"]: r["batch"] for r in rows}
+            ax.set_xticklabels([f"{r}\nbatch {batch_of[r]}" for r in resolutions])
             ax.minorticks_off()
         ax.set_xlabel("resolution (px per side)")
         ax.set_ylabel(ylabel)
