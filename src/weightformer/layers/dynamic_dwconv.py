@@ -165,6 +165,7 @@ class DynamicDWConv(nn.Module):
         )  # (1, B·C, H, W), channels-last
         return out.permute(0, 2, 3, 1).reshape(H, W, B, C).permute(2, 3, 0, 1)  # (B, C, H, W)
 
+
 def dynamic_dwconv_reference(layer: DynamicDWConv, x: Tensor) -> Tensor:
     """The paper's pseudocode, with the static kernel repeated per sample: the equivalence reference."""
     B, C, H, W = x.shape

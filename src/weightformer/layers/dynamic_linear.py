@@ -5,7 +5,8 @@ X̄ ∈ R^{N'×C} the tokens after 2×2 average pooling (N' = ⌈H/2⌉·⌈W/2�
 s = C^-1/2 / N. A linear projection P = X̄·W_p + b_p is split into P_in ∈ R^{N'×C/r} and
 P_out ∈ R^{N'×O/r}; the bases U_in ∈ R^{C/r×C} and U_out ∈ R^{O/r×O} lift them back to full width.
 Each predictor returns ΔW ∈ R^{C×O}, stored transposed as ΔWᵀ (O, C) like ``nn.Linear.weight``;
-:class:`DynamicLinear` then normalises it and adds it to the static weight. The predictors differ only in where the non-linearity sits:
+:class:`DynamicLinear` then normalises it and adds it to the static weight. The predictors differ
+only in where the non-linearity sits:
 
 - ``bilateral`` (the paper's default): ΔW = (σ(P_in)·U_in)ᵀ · (σ(P_out)·U_out) · s, σ = SiLU.
 - ``linear``: no activation, ΔW = (P_in·U_in)ᵀ · (P_out·U_out) · s.
