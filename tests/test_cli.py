@@ -14,6 +14,7 @@ import torch
 
 from conftest_train import make_image_folder
 from weightformer.cli import main
+from pickles import CodeRunningPickle
 
 TINY_FLAGS = ["--img-size", "16", "--batch-size", "4", "--workers", "0", "--device", "cpu",
               "--model-kwargs", "patch_size=4", "embed_dim=32", "depth=2"]
@@ -130,21 +131,11 @@ def test_checkpoint_for_another_architecture_names_the_mismatch(trained: Path, f
     assert "does not fit the model" in err and "shape mismatch(es) (checkpoint vs model)" in err and "(32,) vs (48,)" in err
 
 
-class _RunsCode:
-    """Unpickling this calls open(marker, "w"): a file appears if the loader runs pickled code."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
 @pytest.mark.parametrize("command", ["eval", "train"])
 def test_checkpoint_that_would_run_code_is_refused(tmp_path: Path, folder: Path, capsys, command: str):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"
-    torch.save({"model": _RunsCode(marker)}, evil, pickle_module=pickle)
+    torch.save({"model": CodeRunningPickle(marker)}, evil, pickle_module=pickle)
     args = (["eval", "--checkpoint", str(evil), "--data", str(folder)] if command == "eval"
             else ["train", "--data", str(folder), "--output", str(tmp_path / "out"), "--resume", str(evil), *TINY_FLAGS])
     assert main(args) == 2

@@ -15,6 +15,7 @@ import weightformer  # noqa: F401
 from weightformer.checkpoint import CheckpointError, load_checkpoint_file
 from weightformer.models import checkpoint_filter_fn
 from release_layout import release_forward, release_state_dict
+from pickles import CodeRunningPickle
 
 
 @pytest.fixture(scope="module")
@@ -116,19 +117,11 @@ def test_release_layout_matches_at_other_resolutions(release_weights):
     torch.testing.assert_close(_logits(model, x), release_forward(release_weights, x), rtol=0, atol=1e-4)
 
 
-class _RunsCode:
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_checkpoint_that_would_run_code_is_refused(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pth"
     with open(path, "wb") as f:
-        torch.save({"model": {"w": torch.zeros(1)}, "payload": _RunsCode(str(marker))}, f)
+        torch.save({"model": {"w": torch.zeros(1)}, "payload": CodeRunningPickle(str(marker))}, f)
     with pytest.raises(CheckpointError, match="refused to load"):
         load_checkpoint_file(path)
     with pytest.raises((pickle.UnpicklingError, RuntimeError), match="(?i)weights.only"):

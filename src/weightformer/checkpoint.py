@@ -7,12 +7,12 @@ import pickle
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from safetensors.torch import load_file as load_safetensors
 
-__all__ = ["CheckpointError", "load_checkpoint_file", "save_atomic"]
+__all__ = ["CheckpointError", "load_checkpoint_file", "release_pickle_globals", "save_atomic", "strip_wrapper_prefixes"]
 
 
 class CheckpointError(ValueError):
@@ -22,8 +22,24 @@ class CheckpointError(ValueError):
 # The authors' training checkpoints pickle their yacs ``CfgNode`` config beside the weights.
 # ``weights_only`` loading refuses unknown classes; reading that one name as a plain OrderedDict
 # (a dict subclass with its items and attributes, like CfgNode) lets those files load without
-# importing yacs and without running any code.
-torch.serialization.add_safe_globals([(OrderedDict, "yacs.config.CfgNode")])
+# importing yacs and without running any code. It is allowed only inside our own loaders (the
+# context below), never process-wide: importing weightformer must not change how others unpickle.
+_RELEASE_PICKLE_GLOBALS = [(OrderedDict, "yacs.config.CfgNode")]
+
+
+def release_pickle_globals():
+    """Context in which ``torch.load(weights_only=True)`` also reads the release's pickled yacs config."""
+    return torch.serialization.safe_globals(_RELEASE_PICKLE_GLOBALS)
+
+
+def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop the ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes of wrapped models' keys."""
+    out = {}
+    for key, value in state.items():
+        for prefix in ("module.", "_orig_mod."):
+            key = key.removeprefix(prefix)
+        out[key] = value
+    return out
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -41,7 +57,8 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(f"{path} is not a readable safetensors file ({exc})") from exc
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with release_pickle_globals():
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         detail = _unpickling_detail(str(exc))
         if not detail.startswith("GLOBAL"):

@@ -23,7 +23,7 @@ import timm
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, load_checkpoint_file
+from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_prefixes
 from .errors import ConfigError
 
 __all__ = [
@@ -96,23 +96,13 @@ def model_state_from(checkpoint: Mapping[str, Any], use_ema: bool = False, sourc
     return dict(checkpoint)
 
 
-def _strip_prefixes(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop the ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes of wrapped models."""
-    out = {}
-    for key, value in state.items():
-        for prefix in ("module.", "_orig_mod."):
-            key = key[len(prefix):] if key.startswith(prefix) else key
-        out[key] = value
-    return out
-
-
 def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Copy ``state`` into ``model``, or raise :class:`CheckpointError` naming what does not match.
 
     A classifier of another size is reported as a class-count mismatch; other differences list
     the first missing, unexpected and differently shaped keys.
     """
-    state = _strip_prefixes(state)
+    state = strip_wrapper_prefixes(state)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]

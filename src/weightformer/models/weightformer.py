@@ -21,6 +21,7 @@ from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
+from ..checkpoint import release_pickle_globals, strip_wrapper_prefixes
 from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 
@@ -387,7 +388,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: WeightFormer) -> 
     for wrapper in ("model", "state_dict"):
         if wrapper in state_dict and isinstance(state_dict[wrapper], dict):
             state_dict = state_dict[wrapper]
-    state_dict = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state_dict.items()}
+    state_dict = strip_wrapper_prefixes(state_dict)
     if "init_norm.weight" not in state_dict:
         return state_dict
     out = {}
@@ -441,14 +442,15 @@ default_cfgs = generate_default_cfgs(
 
 def _create_weightformer(variant: str, pretrained: bool = False, **kwargs) -> WeightFormer:
     out_indices = kwargs.pop("out_indices", 3)
-    return build_model_with_cfg(
-        WeightFormer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        **kwargs,
-    )
+    with release_pickle_globals():  # timm's loader may read the authors' training .pth (pickled yacs config)
+        return build_model_with_cfg(
+            WeightFormer,
+            variant,
+            pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+            **kwargs,
+        )
 
 
 @register_model
