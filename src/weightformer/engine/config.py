@@ -57,16 +57,20 @@ class TrainConfig:
     train_scale: tuple[float, float] = (0.08, 1.0)  # RandomResizedCrop area range
     interpolation: str = "bicubic"
     crop_pct: float = 0.875  # eval: resize to img_size / crop_pct, centre-crop img_size
+    crop_mode: Optional[str] = None  # eval resize: center, squash or border; None: the model's pretrained config
     ema: bool = False
     ema_decay: float = 0.99996
     # systems
     amp: str = "none"  # none, bf16 or fp16 (fp16 needs a GPU)
     compile: bool = False
+    grad_checkpointing: bool = False  # recompute block activations in backward: less memory, ~30% slower
     device: str = "auto"  # auto (cuda if available), cuda or cpu
     deterministic: bool = False
     seed: int = 0
     output: Optional[str] = None  # None: runs/<data>_<model>
     resume: Optional[str] = None  # "auto" (last.pt in output, if any) or a checkpoint path
+    init: Optional[str] = None  # start a new run from these weights (any checkpoint format)
+    overwrite: bool = False  # start anew in an output folder that holds a run (its files are kept, renamed)
     log_interval: int = 50  # steps between plain log lines when stdout is not a terminal
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,7 +83,7 @@ class TrainConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)
 # Never taken from a resumed checkpoint: where the run lives, and the step limit that stopped it.
-_NOT_INHERITED = ("output", "resume", "max_steps")
+_NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
 
 
 def _check_value(name: str, value: Any) -> Any:
