@@ -120,7 +120,8 @@ def test_checkpoint_with_other_class_count_is_refused(trained: Path, tmp_path: P
     # Resuming into a run whose data has another class count names the mismatch too.
     assert main(["train", "--data", str(two_classes), "--output", str(tmp_path / "out"),
                  "--resume", str(trained / "last.pt"), *TINY_FLAGS]) == 2
-    assert "has 3 classes, the model has 2" in _error_line(capsys)
+    err = _error_line(capsys)
+    assert "last.pt has 3 classes and" in err and "two has 2" in err
 
 
 def test_checkpoint_for_another_architecture_names_the_mismatch(trained: Path, folder: Path, capsys):

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
-from timm.data import create_transform
+from timm.data import create_transform, resolve_data_config
 from torch.utils.data import Dataset, TensorDataset
 
-__all__ = ["SeededTransformDataset", "build_transforms", "precompute", "seeded_rng"]
+__all__ = ["SeededTransformDataset", "build_transforms", "eval_data_config", "precompute", "seeded_rng"]
 
 
 @contextmanager
@@ -68,6 +68,29 @@ def precompute(dataset: Dataset) -> TensorDataset:
     return TensorDataset(torch.stack(images), torch.tensor(labels, dtype=torch.long))
 
 
+def eval_data_config(
+    pretrained_cfg: Optional[Mapping[str, Any]],
+    *,
+    in_chans: int = 3,
+    img_size: Optional[int] = None,
+    interpolation: Optional[str] = None,
+    crop_pct: Optional[float] = None,
+    crop_mode: Optional[str] = None,
+    mean: Optional[tuple[float, ...]] = None,
+    std: Optional[tuple[float, ...]] = None,
+) -> dict[str, Any]:
+    """The evaluation preprocessing, resolved by timm exactly as ``timm/validate.py`` does it.
+
+    Values given here win; the rest come from the model's ``pretrained_cfg`` (for WeightFormer the
+    release's squash resize, bicubic, crop 0.875), then timm's defaults. Returns ``input_size``,
+    ``interpolation``, ``mean``, ``std``, ``crop_pct`` and ``crop_mode``.
+    """
+    given = dict(in_chans=in_chans, img_size=img_size, interpolation=interpolation, crop_pct=crop_pct,
+                 crop_mode=crop_mode, mean=mean, std=std)
+    args = {key: value for key, value in given.items() if value is not None}
+    return resolve_data_config(args, pretrained_cfg=dict(pretrained_cfg or {}) or None, use_test_size=True)
+
+
 def build_transforms(
     img_size: int,
     mean: tuple[float, ...],
@@ -80,14 +103,18 @@ def build_transforms(
     reprob: float = 0.0,
     interpolation: str = "bicubic",
     crop_pct: float = 0.875,
+    crop_mode: str = "center",
     no_aug: bool = False,
 ) -> tuple[Callable, Callable]:
     """timm's ImageNet train and eval transforms: (train, val), both ending in normalised tensors.
 
-    ``no_aug`` makes the train transform the deterministic eval one (resize, crop, normalise).
+    The eval transform resizes to ``img_size / crop_pct`` (the shorter side for ``crop_mode``
+    "center", both sides for "squash") and centre-crops ``img_size``. ``no_aug`` makes the train
+    transform the deterministic eval one.
     """
     val = create_transform(
-        img_size, is_training=False, interpolation=interpolation, mean=mean, std=std, crop_pct=crop_pct
+        img_size, is_training=False, interpolation=interpolation, mean=mean, std=std, crop_pct=crop_pct,
+        crop_mode=crop_mode,
     )
     if no_aug:
         return val, val

@@ -6,7 +6,8 @@ from .distributed import DistInfo, init_distributed
 from .errors import USER_ERRORS, ConfigError
 from .evaluate import evaluate, evaluate_checkpoint, format_eval
 from .state import build_model, load_model_state, read_checkpoint
-from .train import StopFlag, TrainResult, train
+from .signals import StopFlag
+from .train import TrainResult, train
 
 __all__ = [
     "USER_ERRORS",

@@ -11,7 +11,10 @@ import torch.distributed as dist
 
 from .errors import ConfigError
 
-__all__ = ["DistInfo", "all_gather_objects", "all_reduce_sum", "any_rank", "init_distributed", "shutdown_distributed"]
+__all__ = [
+    "DistInfo", "all_gather_objects", "all_reduce_sum", "any_rank", "init_distributed", "max_over_ranks",
+    "shutdown_distributed",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,15 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=info.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def max_over_ranks(value: int, info: DistInfo) -> int:
+    """The largest ``value`` of all ranks (one collective for several flags coded as levels)."""
+    if not info.distributed:
+        return value
+    t = torch.tensor([float(value)], device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:

@@ -5,11 +5,16 @@ from __future__ import annotations
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
-__all__ = ["ConfigError", "USER_ERRORS"]
+__all__ = ["ConfigError", "TrainingDivergedError", "USER_ERRORS"]
 
 
 class ConfigError(ValueError):
     """A setting, flag or config file that cannot be used as given."""
+
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite: the run stops before the update, keeping its last good checkpoint."""
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError)

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import json
+import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
-from timm.data import resolve_data_config
+from timm.data import create_transform
 from timm.utils import accuracy
+from tqdm import tqdm
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError
-from ..data import DataError, ResumableSampler, SeededTransformDataset, build_transforms, open_dataset
+from ..data import DataError, DataInfo, ResumableSampler, SeededTransformDataset, open_dataset
+from ..data.transforms import eval_data_config
 from .distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
-from .state import build_model, load_model_state, model_state_from, read_checkpoint
+from .errors import ConfigError
+from .state import build_model, check_input_size, load_weights, read_checkpoint
 
 __all__ = ["autocast", "evaluate", "evaluate_checkpoint", "format_eval"]
 
@@ -36,26 +38,31 @@ def evaluate(
     device: torch.device,
     amp: str = "none",
     dist_info: Optional[DistInfo] = None,
+    show_progress: bool = False,
 ) -> dict[str, float]:
-    """Top-1 and top-5 accuracy (%), mean cross-entropy and images per second over ``loader``.
+    """Top-1 and top-5 accuracy (%), mean cross-entropy, images per second and the number of images
+    over ``loader``.
 
     Under torch.distributed each rank evaluates its shard and the sums are reduced, so every
-    rank returns the numbers of the whole data set.
+    rank returns the numbers of the whole data set. ``show_progress``: a bar on a terminal.
     """
     was_training = model.training
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, samples
     start = time.perf_counter()
-    for images, targets in loader:
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        with autocast(device, amp):
-            logits = model(images)  # (B, num_classes)
-        logits = logits.float()
-        top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[1])))
-        n = targets.shape[0]
-        totals += torch.stack([criterion(logits, targets).double(), top1.double() * n / 100, top5.double() * n / 100,
-                               torch.tensor(float(n), dtype=torch.float64, device=device)])
+    main = dist_info is None or dist_info.is_main
+    with tqdm(loader, desc="evaluating", unit="batch", leave=False, dynamic_ncols=True,
+              disable=not (show_progress and main and sys.stdout.isatty())) as bar:
+        for images, targets in bar:
+            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            with autocast(device, amp):
+                logits = model(images)  # (B, num_classes)
+            logits = logits.float()
+            top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[1])))
+            n = targets.shape[0]
+            totals += torch.stack([criterion(logits, targets).double(), top1.double() * n / 100,
+                                   top5.double() * n / 100, torch.tensor(float(n), dtype=torch.float64, device=device)])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -76,10 +83,70 @@ def evaluate(
 
 def format_eval(result: dict[str, Any]) -> str:
     """The text report of :func:`evaluate_checkpoint`."""
+    skipped = result.get("skipped_files") or []
+    left_out = f"; {len(skipped)} unreadable file(s) left out" if skipped else ""
     return (
         f"top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%  loss {result['loss']:.4f}  "
-        f"{result['img_per_s']:.0f} img/s  ({result['num_samples']} images of {result['data']}, model {result['model']})"
+        f"{result['img_per_s']:.0f} img/s  ({result['num_samples']} images of {result['data']}{left_out}, "
+        f"model {result['model']})"
     )
+
+
+def _check_eval_settings(batch_size: int, workers: int, img_size: Optional[int], amp: str, device: str) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"--batch-size must be a whole number of at least 1, got {batch_size!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"--workers must be 0 (load in this process) or more, got {workers!r}")
+    if img_size is not None and (isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < 1):
+        raise ConfigError(f"--img-size must be a positive number of pixels, got {img_size!r}")
+    if amp not in ("none", "bf16", "fp16"):
+        raise ConfigError(f"--amp must be none, bf16 or fp16, got {amp!r}")
+    if device not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"--device must be auto, cuda or cpu, got {device!r}")
+
+
+def _model_meta(ckpt: Mapping[str, Any], model: Optional[str], model_kwargs: Optional[dict[str, Any]],
+                info: DataInfo, checkpoint: Optional[str]) -> dict[str, Any]:
+    """What builds the model: the checkpoint's own meta (checked against the data), or ``--model``."""
+    meta = dict(ckpt.get("meta") or {})
+    if model is not None and meta.get("model") not in (None, model):
+        meta = {}  # another architecture was asked for: keep only the weights, which must then fit it
+    if meta:
+        if meta.get("in_chans", info.in_chans) != info.in_chans:
+            raise CheckpointError(
+                f"{checkpoint} was trained on {meta['in_chans']}-channel images and {info.name} has "
+                f"{info.in_chans}-channel images; evaluate on the data set it was trained on ({meta.get('data')})"
+            )
+        if meta["num_classes"] != info.num_classes:
+            raise CheckpointError(
+                f"{checkpoint} has {meta['num_classes']} classes, the data {info.name} has {info.num_classes}; "
+                f"evaluate on the data set it was trained on ({meta.get('data')})"
+            )
+        if meta.get("classes") and list(meta["classes"]) != list(info.classes):
+            raise DataError(
+                f"the class folders of {info.name} differ from those {checkpoint} was trained on "
+                f"({meta.get('data')}); evaluate on data with the same class names"
+            )
+        if model_kwargs:
+            meta["model_kwargs"] = {**meta["model_kwargs"], **model_kwargs}
+        return meta
+    if model is None:
+        raise CheckpointError(f"{checkpoint} does not say which model it holds; pass --model NAME")
+    return {"model": model, "model_kwargs": dict(model_kwargs or {}), "num_classes": info.num_classes,
+            "in_chans": info.in_chans}
+
+
+def _eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Optional[int]) -> dict[str, Any]:
+    """Our checkpoints name the preprocessing they were trained with; for anything else the model's
+    pretrained config decides (the release's squash resize for WeightFormer), as in timm/validate.py."""
+    pretrained_cfg = getattr(net, "pretrained_cfg", None)
+    if "img_size" in meta:
+        return eval_data_config(
+            pretrained_cfg, in_chans=meta["in_chans"], img_size=img_size or meta["img_size"],
+            interpolation=meta["interpolation"], crop_pct=meta["crop_pct"], crop_mode=meta.get("crop_mode"),
+            mean=tuple(meta["mean"]), std=tuple(meta["std"]),
+        )
+    return eval_data_config(pretrained_cfg, in_chans=meta["in_chans"], img_size=img_size)
 
 
 def evaluate_checkpoint(
@@ -94,71 +161,53 @@ def evaluate_checkpoint(
     amp: str = "none",
     device: str = "auto",
     use_ema: bool = False,
-    json_path: Optional[str] = None,
 ) -> dict[str, Any]:
-    """Evaluate a checkpoint written by ``train`` (it names its own model and data), or a timm model.
+    """Evaluate a checkpoint (any format :func:`load_weights` reads), or a timm model's pretrained weights.
 
-    ``checkpoint``: our ``last.pt``/``best.pt`` (rebuilt from their metadata), or any state dict
-    with ``model`` naming its architecture. ``model`` with ``pretrained``: timm's own weights.
-    ``data`` defaults to the data set the checkpoint was trained on. Returns top-1/top-5 (%),
-    loss, img/s, sample count, model and data names; writes them as JSON to ``json_path`` if given.
+    ``checkpoint``: our ``last.pt``/``best.pt`` (rebuilt from their metadata), the authors' files,
+    or any state dict, with ``model`` naming its architecture. ``model`` with ``pretrained``: timm's
+    own weights. ``data`` defaults to the data set the checkpoint was trained on. The images are
+    preprocessed as the model's pretrained config says (``crop_mode`` included), exactly as
+    ``timm/validate.py`` does, unless the checkpoint records its own preprocessing. Returns
+    top-1/top-5 (%), loss, img/s, the number of images evaluated, the unreadable files left out,
+    and the model, data and preprocessing used.
     """
+    _check_eval_settings(batch_size, workers, img_size, amp, device)
     if checkpoint is None and not (model and pretrained):
         raise CheckpointError("nothing to evaluate; pass --checkpoint PATH, or --model NAME --pretrained")
     dist_info = init_distributed(device)
     try:
         ckpt = read_checkpoint(checkpoint) if checkpoint else {}
-        meta = dict(ckpt.get("meta") or {})
-        if model is not None and meta.get("model") not in (None, model):
-            meta = {}  # another architecture was asked for: keep only the weights, which must then fit it
-        data = data or meta.get("data")
+        saved_data = (ckpt.get("meta") or {}).get("data")
+        data = data or saved_data
         if data is None:
             raise DataError("no data to evaluate on; pass --data PATH (an ImageFolder with val/) or mnist")
         info, splits = open_dataset(data, splits=("val",), warn=dist_info.is_main)
-        if meta and meta["num_classes"] != info.num_classes:
-            raise CheckpointError(
-                f"{checkpoint} has {meta['num_classes']} classes, the data {info.name} has {info.num_classes}; "
-                f"evaluate on the data set it was trained on ({meta.get('data')})"
-            )
-        if meta.get("classes") and list(meta["classes"]) != list(info.classes):
-            raise DataError(
-                f"the class folders of {info.name} differ from those {checkpoint} was trained on "
-                f"({meta.get('data')}); evaluate on data with the same class names"
-            )
-        if not meta:
-            if model is None:
-                raise CheckpointError(f"{checkpoint} does not say which model it holds; pass --model NAME")
-            meta = {"model": model, "model_kwargs": dict(model_kwargs or {}), "num_classes": info.num_classes,
-                    "in_chans": info.in_chans, "mean": list(info.mean), "std": list(info.std)}
-        elif model_kwargs:
-            meta["model_kwargs"] = {**meta["model_kwargs"], **model_kwargs}
+        meta = _model_meta(ckpt, model, model_kwargs, info, checkpoint)
         net = build_model(meta, pretrained=pretrained and checkpoint is None)
         if checkpoint:
-            load_model_state(net, model_state_from(ckpt, use_ema, source=checkpoint), source=checkpoint)
+            load_weights(net, ckpt, use_ema=use_ema, source=checkpoint)
         elif net.num_classes != info.num_classes:
             raise CheckpointError(
                 f"pretrained {model} has {net.num_classes} classes, {data} has {info.num_classes}; "
                 f"evaluate on data with the model's classes"
             )
-        if "img_size" in meta:
-            transform_args = dict(img_size=img_size or meta["img_size"], mean=tuple(meta["mean"]), std=tuple(meta["std"]),
-                                  interpolation=meta["interpolation"], crop_pct=meta["crop_pct"])
-        else:  # timm's pretrained config knows the model's preprocessing
-            cfg = resolve_data_config({}, model=net)
-            transform_args = dict(img_size=img_size or cfg["input_size"][-1], mean=cfg["mean"], std=cfg["std"],
-                                  interpolation=cfg["interpolation"], crop_pct=cfg["crop_pct"])
-        _, val_tf = build_transforms(**transform_args)
-        val_set = SeededTransformDataset(splits["val"], val_tf)
+        data_config = _eval_transform_config(net, meta, img_size)
+        net.to(dist_info.device)
+        check_input_size(net, {"model": meta["model"], "in_chans": info.in_chans,
+                               "img_size": data_config["input_size"][-1]}, dist_info.device)
+        transform = create_transform(**data_config, is_training=False)
+        val_set = SeededTransformDataset(splits["val"], transform)
         sampler = ResumableSampler(len(val_set), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
         loader = DataLoader(val_set, batch_size=batch_size, sampler=sampler, num_workers=workers,
                             pin_memory=dist_info.device.type == "cuda")
-        net.to(dist_info.device)
-        result: dict[str, Any] = evaluate(net, loader, dist_info.device, amp, dist_info)
-        result.update(model=meta["model"], data=info.name, checkpoint=checkpoint, ema=use_ema,
-                      img_size=transform_args["img_size"], world_size=dist_info.world_size)
-        if json_path and dist_info.is_main:
-            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        result: dict[str, Any] = evaluate(net, loader, dist_info.device, amp, dist_info, show_progress=True)
+        result.update(
+            model=meta["model"], data=info.name, checkpoint=checkpoint, ema=use_ema,
+            img_size=data_config["input_size"][-1], crop_pct=data_config["crop_pct"],
+            crop_mode=data_config["crop_mode"], interpolation=data_config["interpolation"],
+            skipped_files=list(info.skipped), world_size=dist_info.world_size,
+        )
         return result
     finally:
         shutdown_distributed(dist_info)

@@ -106,6 +106,10 @@ class Progress:
             self.bar.close()
             self.bar = None
 
+    def close(self) -> None:
+        """Close an open bar: called on every exit path of a run (errors and signals included)."""
+        self.end_epoch()
+
     def write(self, message: str) -> None:
         """Print a line (above the bar on a terminal)."""
         if self.enabled:

@@ -1,19 +1,21 @@
-"""The training loop: data, model, optimizer, then per step forward, backward, clip, step, log, checkpoint.
+"""The training loop, in named steps: data, model and optimizer, restore, one epoch, end of epoch, finish.
 
-Built from timm's parts: ``create_transform``/``Mixup`` for data, ``create_optimizer_v2`` (AdamW,
-no weight decay on norms and biases), ``create_scheduler_v2`` (cosine with warm-up, updated every
-step), ``SoftTargetCrossEntropy``/``LabelSmoothingCrossEntropy``, ``ModelEmaV3`` and
-``dispatch_clip_grad``.
+:func:`train` reads top to bottom: it resolves the config, checks the run folder, then calls
+:func:`build_data`, :func:`build_training`, :func:`restore` (or :func:`init_from_weights`), and
+loops :func:`train_one_epoch` and :func:`end_epoch` before :func:`finish`. Built from timm's parts:
+``create_transform``/``Mixup`` for data, ``create_optimizer_v2`` (AdamW, no weight decay on norms
+and biases), ``create_scheduler_v2`` (cosine with warm-up, updated every step),
+``SoftTargetCrossEntropy``/``LabelSmoothingCrossEntropy``, ``ModelEmaV3`` and ``dispatch_clip_grad``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
-import signal
-import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -32,13 +34,20 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint import CheckpointError, save_atomic
-from ..data import ArrayImageDataset, ResumableSampler, SeededTransformDataset, build_transforms, open_dataset, precompute
-from .config import TrainConfig, resolve_config
-from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, shutdown_distributed
-from .errors import ConfigError
+from ..data import ArrayImageDataset, DataInfo, ResumableSampler, SeededTransformDataset, open_dataset, precompute
+from ..data.transforms import build_transforms, eval_data_config
+from .config import TrainConfig, resolve_config, scaled_learning_rates
+from .distributed import (
+    DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, max_over_ranks, shutdown_distributed,
+)
+from .errors import ConfigError, TrainingDivergedError
 from .evaluate import autocast, evaluate
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
-from .state import build_model, capture_rng, load_model_state, read_checkpoint, restore_rng
+from .run_dir import check_run_folder, start_run_folder
+from .signals import StopFlag
+from .state import (
+    build_model, capture_rng, check_input_size, is_training_checkpoint, load_model_state, load_weights, read_checkpoint, restore_rng,
+)
 
 __all__ = ["StopFlag", "TrainResult", "prepare_config", "train"]
 
@@ -58,85 +67,61 @@ class TrainResult:
     model: Optional[nn.Module] = field(default=None, repr=False)  # the trained model (unwrapped)
 
 
-class StopFlag:
-    """Set by SIGINT/SIGTERM (or by code); the loop finishes its step, saves, and returns.
+@dataclass
+class TrainData:
+    """The splits, their loaders and the batch geometry of a run."""
 
-    A second signal while stopping raises KeyboardInterrupt, for when saving itself hangs.
-    """
-
-    def __init__(self) -> None:
-        self.signal_name: Optional[str] = None
-        self._previous: dict[int, Any] = {}
-
-    def set(self, name: str = "stop") -> None:
-        self.signal_name = name
-
-    def __bool__(self) -> bool:
-        return self.signal_name is not None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self:
-            raise KeyboardInterrupt
-        self.set(signal.Signals(signum).name)
-        print(f"\n{self.signal_name} received: finishing this step and saving a checkpoint "
-              f"(send it again to abort without saving)", flush=True)
-
-    def install(self) -> None:
-        """Handle SIGINT and SIGTERM (only possible in the main thread; elsewhere a no-op)."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
+    info: DataInfo
+    train_set: Dataset
+    val_set: Dataset
+    train_sampler: ResumableSampler
+    train_loader: DataLoader
+    val_loader: DataLoader
+    img_size: int
+    eval_config: dict[str, Any]  # the evaluation preprocessing (timm's resolved data config)
+    batch_size: int  # per process: the configured one, capped at the images one process sees
+    steps_per_epoch: int
 
 
-def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:
-    """Seed every generator (offset by rank, so ranks draw different masks) and pin the algorithms."""
-    seed = cfg.seed + dist_info.rank
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-    if cfg.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-    elif dist_info.device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+@dataclass
+class Training:
+    """The model and everything that updates it."""
+
+    model: nn.Module  # unwrapped: what checkpoints and evaluation use
+    train_model: nn.Module  # compiled and/or DDP-wrapped: what the steps run
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    ema: Optional[ModelEmaV3]
+    mixup: Optional[Mixup]
+    criterion: nn.Module
+    meta: dict[str, Any]  # what rebuilds the model from a checkpoint without flags
+    learning_rates: dict[str, float]  # lr, min_lr, warmup_lr after scaling by the total batch
 
 
-def _model_kwargs(cfg: TrainConfig, img_size: int) -> dict[str, Any]:
-    """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
-    kwargs = dict(cfg.model_kwargs)
-    if not timm.is_model(cfg.model):
-        raise ConfigError(f"unknown timm model {cfg.model!r}; list names with timm.list_models('*{cfg.model[:6]}*')")
-    pretrained_cfg = timm.models.get_pretrained_cfg(cfg.model)
-    takes_img_size = cfg.model.startswith("weightformer") or (pretrained_cfg is not None and pretrained_cfg.fixed_input_size)
-    if takes_img_size:
-        kwargs.setdefault("img_size", img_size)
-    return kwargs
+@dataclass
+class RunState:
+    """Where the run stands, and the running sums of the current epoch (saved in every checkpoint)."""
+
+    epoch: int = 0  # index of the epoch in progress
+    step_in_epoch: int = 0  # optimizer steps taken in it
+    global_step: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    seconds: float = 0.0
+    best_top1: Optional[float] = None
+    best_epoch: Optional[int] = None
+
+    def progress(self) -> dict[str, Any]:
+        return {"loss_sum": self.loss_sum, "samples": self.samples, "seconds": self.seconds,
+                "best_top1": self.best_top1, "best_epoch": self.best_epoch}
 
 
+# -------------------------------------------------------------------------------------------------
+# Configuration and the run folder
+# -------------------------------------------------------------------------------------------------
 def _default_output(cfg: TrainConfig) -> str:
     return f"runs/{Path(cfg.data).name}_{cfg.model}"
-
-
-def _check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.device) -> None:
-    """One eval-mode forward of a blank image, so a model that cannot take this size fails with one line."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(torch.zeros(1, meta["in_chans"], meta["img_size"], meta["img_size"], device=device))
-    except (RuntimeError, ValueError, AssertionError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"{meta['model']} cannot take {meta['img_size']} px images ({reason}); "
-            f"pass a larger --img-size or model kwargs that fit (e.g. a smaller patch_size)"
-        ) from exc
-    model.train(was_training)
 
 
 def _resume_path(cfg: TrainConfig) -> Optional[Path]:
@@ -147,13 +132,22 @@ def _resume_path(cfg: TrainConfig) -> Optional[Path]:
         path = Path(cfg.output) / "last.pt"
         return path if path.is_file() else None
     path = Path(cfg.resume)
+    if path.is_dir():
+        raise CheckpointError(f"--resume {path} is a folder; pass --output {path} --resume auto, or its last.pt")
     if not path.is_file():
         raise CheckpointError(f"--resume {path}: no such file; pass an existing last.pt, or --resume auto")
     return path
 
 
-def _save_config(cfg: TrainConfig, output: Path) -> None:
-    (output / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+def _read_resume_checkpoint(path: Path) -> dict[str, Any]:
+    """A whole training state, or a CheckpointError that points a weights-only file to ``--init``."""
+    ckpt = read_checkpoint(path)
+    if not is_training_checkpoint(ckpt):
+        raise CheckpointError(
+            f"--resume {path}: the file holds weights only (no optimizer, schedule or step), so no run can "
+            f"continue from it; start a new run from these weights with --init {path}"
+        )
+    return ckpt
 
 
 def prepare_config(
@@ -164,14 +158,19 @@ def prepare_config(
     """
     cfg, applied = resolve_config(overrides, config_file)
     cfg.output = cfg.output or _default_output(cfg)
+    if cfg.resume is not None and cfg.init is not None:
+        raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
     resume_from = _resume_path(cfg)
     if resume_from is not None:
-        saved = read_checkpoint(str(resume_from)).get("config")
+        saved = _read_resume_checkpoint(resume_from).get("config")
         cfg, applied = resolve_config(overrides, config_file, checkpoint_config=saved)
         cfg.output = cfg.output or _default_output(cfg)
     return cfg, applied
 
 
+# -------------------------------------------------------------------------------------------------
+# Entry point
+# -------------------------------------------------------------------------------------------------
 def train(
     config: TrainConfig | Mapping[str, Any],
     config_file: Optional[str] = None,
@@ -199,31 +198,100 @@ def train(
             model_first = {"model": applied.pop("model")} if "model" in applied else {}
             shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
             print(f"defaults for small images ({cfg.data}): {shown} (override with flags or --config)")
-        return _train(cfg, dist_info, stop)
+        return _run(cfg, dist_info, stop)
     finally:
         stop.uninstall()
         shutdown_distributed(dist_info)
 
 
-def _train(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
-    main = dist_info.is_main
-    device = dist_info.device
+def _run(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
     output = Path(cfg.output)
     resume_from = _resume_path(cfg)
-    ckpt = read_checkpoint(str(resume_from)) if resume_from else None
-    if cfg.amp == "fp16" and device.type != "cuda":
+    ckpt = _read_resume_checkpoint(resume_from) if resume_from else None
+    if cfg.amp == "fp16" and dist_info.device.type != "cuda":
         raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
+    # A run that found no checkpoint under --resume auto may start over the files of one that never saved.
+    overwrite = cfg.overwrite or (cfg.resume == "auto" and ckpt is None)
+    check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
     _setup_determinism(cfg, dist_info)
 
-    # ---------------------------------------------------------------------------------------------
-    # Data
-    # ---------------------------------------------------------------------------------------------
-    info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=main)
+    data = build_data(cfg, dist_info)
+    training = build_training(cfg, data, dist_info)
+    if ckpt is not None:
+        state = restore(ckpt, str(resume_from), training, data, dist_info)
+    else:
+        state = RunState()
+        if cfg.init is not None:
+            init_from_weights(training, cfg.init, dist_info)
+    if cfg.compile:
+        training.train_model = torch.compile(training.train_model)
+    if dist_info.distributed:
+        device_ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
+        training.train_model = DistributedDataParallel(training.train_model, device_ids=device_ids)
+
+    if dist_info.is_main:
+        for note in start_run_folder(output, resuming=ckpt is not None, overwrite=overwrite):
+            print(f"note: {note}")
+        (output / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        if ckpt is not None:
+            truncate_metrics(output / "metrics.jsonl", state.epoch)
+        _announce(cfg, data, training, dist_info, state, resume_from if ckpt is not None else None)
+
+    total_steps = cfg.epochs * data.steps_per_epoch
+    total_steps = total_steps if cfg.max_steps is None else min(cfg.max_steps, total_steps)
+    progress = Progress(dist_info.is_main, cfg.log_interval, total_steps, state.global_step)
+    stopped_by: Optional[str] = None
+    try:
+        while state.epoch < cfg.epochs and state.global_step < total_steps:
+            stopped_by = train_one_epoch(cfg, data, training, state, progress, stop, total_steps, dist_info)
+            if stopped_by is not None:  # save where the run stands; a resumed run evaluates this epoch at its end
+                checkpoint = _checkpoint_state(training, state, cfg, dist_info)
+                if dist_info.is_main:
+                    save_atomic(checkpoint, output / "last.pt")
+                break
+            end_epoch(cfg, data, training, state, progress, output, dist_info)
+    finally:
+        progress.close()
+    return finish(cfg, training, state, output, stopped_by, dist_info.is_main)
+
+
+# -------------------------------------------------------------------------------------------------
+# Steps
+# -------------------------------------------------------------------------------------------------
+def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:
+    """Seed every generator (offset by rank, so ranks draw different masks) and pin the algorithms."""
+    seed = cfg.seed + dist_info.rank
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    elif dist_info.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+
+
+def _pretrained_cfg(model_name: str) -> dict[str, Any]:
+    if not timm.is_model(model_name):
+        raise ConfigError(f"unknown timm model {model_name!r}; list names with timm.list_models('*{model_name[:6]}*')")
+    pretrained_cfg = timm.models.get_pretrained_cfg(model_name)
+    return pretrained_cfg.to_dict() if pretrained_cfg is not None else {}
+
+
+def build_data(cfg: TrainConfig, dist_info: DistInfo) -> TrainData:
+    """Open the data set, build the transforms (the model's own evaluation preprocessing for val),
+    the samplers and the loaders, with the batch capped at the images one process sees."""
+    info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
     img_size = cfg.img_size or 224
+    eval_config = eval_data_config(
+        _pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=img_size, interpolation=cfg.interpolation,
+        crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode, mean=info.mean, std=info.std,
+    )
     train_tf, val_tf = build_transforms(
         img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip, color_jitter=cfg.color_jitter,
         auto_augment=cfg.auto_augment, reprob=cfg.reprob, interpolation=cfg.interpolation, crop_pct=cfg.crop_pct,
-        no_aug=cfg.no_aug,
+        crop_mode=eval_config["crop_mode"], no_aug=cfg.no_aug,
     )
     train_set: Dataset = SeededTransformDataset(splits["train"], train_tf, seed=cfg.seed)
     val_set: Dataset = SeededTransformDataset(splits["val"], val_tf)
@@ -232,38 +300,50 @@ def _train(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult
         train_set = precompute(train_set) if cfg.no_aug else train_set
     train_sampler = ResumableSampler(len(train_set), dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.seed)
     val_sampler = ResumableSampler(len(val_set), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
-    steps_per_epoch = train_sampler.shard_size // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ConfigError(
-            f"batch size {cfg.batch_size} is larger than the {train_sampler.shard_size} training images per process; "
-            f"lower --batch-size"
-        )
-    loader_args = dict(num_workers=min(cfg.workers, os.cpu_count() or 1), pin_memory=device.type == "cuda")
+    batch_size = min(cfg.batch_size, train_sampler.shard_size)
+    if batch_size < cfg.batch_size and dist_info.is_main:
+        warnings.warn(f"batch size {cfg.batch_size} is larger than the {train_sampler.shard_size} training images "
+                      f"each process sees; using batch {batch_size} (the learning rate is scaled to it)")
+    loader_args = dict(num_workers=min(cfg.workers, os.cpu_count() or 1), pin_memory=dist_info.device.type == "cuda")
     # Private generators: building loader iterators must not draw from the global RNG (exact resume).
-    train_loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=train_sampler, drop_last=True,
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
                               generator=torch.Generator(), **loader_args)
-    val_loader = DataLoader(val_set, batch_size=cfg.batch_size, sampler=val_sampler, generator=torch.Generator(),
+    val_loader = DataLoader(val_set, batch_size=batch_size, sampler=val_sampler, generator=torch.Generator(),
                             **loader_args)
+    return TrainData(info, train_set, val_set, train_sampler, train_loader, val_loader, img_size, eval_config,
+                     batch_size, steps_per_epoch=train_sampler.shard_size // batch_size)
 
-    # ---------------------------------------------------------------------------------------------
-    # Model, optimizer, schedule, loss
-    # ---------------------------------------------------------------------------------------------
+
+def _model_kwargs(cfg: TrainConfig, img_size: int) -> dict[str, Any]:
+    """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
+    kwargs = dict(cfg.model_kwargs)
+    fixed_size = _pretrained_cfg(cfg.model).get("fixed_input_size", False)
+    if cfg.model.startswith("weightformer") or fixed_size:
+        kwargs.setdefault("img_size", img_size)
+    return kwargs
+
+
+def build_training(cfg: TrainConfig, data: TrainData, dist_info: DistInfo) -> Training:
+    """The model (checked on one blank image), optimizer, per-step cosine schedule, scaler, EMA and loss."""
+    info = data.info
     meta = {
-        "model": cfg.model, "model_kwargs": _model_kwargs(cfg, img_size), "num_classes": info.num_classes,
-        "in_chans": info.in_chans, "img_size": img_size, "data": info.name, "classes": list(info.classes),
+        "model": cfg.model, "model_kwargs": _model_kwargs(cfg, data.img_size), "num_classes": info.num_classes,
+        "in_chans": info.in_chans, "img_size": data.img_size, "data": info.name, "classes": list(info.classes),
         "mean": list(info.mean), "std": list(info.std), "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct,
+        "crop_mode": data.eval_config["crop_mode"],
     }
-    model = build_model(meta).to(device)
-    _check_input_size(model, meta, device)
-    world_batch = cfg.batch_size * dist_info.world_size
-    lr = cfg.lr * world_batch / 512
-    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
+    model = build_model(meta).to(dist_info.device)
+    check_input_size(model, meta, dist_info.device)
+    if cfg.grad_checkpointing:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise ConfigError(f"{cfg.model} does not support gradient checkpointing; drop --grad-checkpointing")
+        model.set_grad_checkpointing(True)
+    lrs = scaled_learning_rates(cfg, data.batch_size * dist_info.world_size)
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lrs["lr"], weight_decay=cfg.weight_decay)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
-        warmup_lr=cfg.warmup_lr, step_on_epochs=False, updates_per_epoch=steps_per_epoch,
+        optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, min_lr=lrs["min_lr"],
+        warmup_lr=lrs["warmup_lr"], step_on_epochs=False, updates_per_epoch=data.steps_per_epoch,
     )
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-    ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None
     mixup = None
     if cfg.mixup > 0 or cfg.cutmix > 0:
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
@@ -273,192 +353,251 @@ def _train(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult
         criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
     else:
         criterion = nn.CrossEntropyLoss()
-
-    # ---------------------------------------------------------------------------------------------
-    # Resume
-    # ---------------------------------------------------------------------------------------------
-    start_epoch, step_in_epoch, global_step = 0, 0, 0
-    progress_state = {"loss_sum": 0.0, "samples": 0, "seconds": 0.0, "best_top1": None, "best_epoch": None}
-    if ckpt is not None:
-        old = ckpt.get("meta") or {}
-        if old.get("model") not in (None, cfg.model):
-            raise CheckpointError(f"{resume_from} is a {old['model']} checkpoint, this run builds {cfg.model}; "
-                                  f"pass --model {old['model']} or a new --output")
-        load_model_state(model, ckpt["model"], source=str(resume_from))
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        if ema is not None and ckpt.get("ema") is not None:
-            ema.load_state_dict(ckpt["ema"])
-        elif ema is not None:
-            ema.set(model)
-        start_epoch, step_in_epoch, global_step = ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"]
-        progress_state.update(ckpt["progress"])
-        rng = ckpt["rng"]
-        if len(rng) == dist_info.world_size:
-            restore_rng(rng[dist_info.rank])
-        elif main:
-            print(f"note: {resume_from} was saved by {len(rng)} process(es), this run has {dist_info.world_size}; "
-                  f"random streams restart from the seed, so the run will not match an uninterrupted one exactly")
-        if step_in_epoch > steps_per_epoch:
-            raise CheckpointError(
-                f"{resume_from} stopped at step {step_in_epoch} of an epoch that now has {steps_per_epoch} steps; "
-                f"resume with the batch size and number of processes it was saved with"
-            )
-
-    train_model: nn.Module = model
-    if cfg.compile:
-        train_model = torch.compile(train_model)
-    if dist_info.distributed:
-        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    # ---------------------------------------------------------------------------------------------
-    # Output directory
-    # ---------------------------------------------------------------------------------------------
-    metrics_path, last_path, best_path = output / "metrics.jsonl", output / "last.pt", output / "best.pt"
-    if main:
-        output.mkdir(parents=True, exist_ok=True)
-        _save_config(cfg, output)
-        if ckpt is not None:
-            truncate_metrics(metrics_path, start_epoch)
-        elif metrics_path.exists():
-            metrics_path.unlink()  # a fresh run in an old directory
-        n_params = sum(p.numel() for p in model.parameters())
-        kwargs = "".join(f"{k}={v} " for k, v in meta["model_kwargs"].items())
-        print(f"model {cfg.model} ({kwargs}{n_params / 1e6:.2f}M parameters), {info.num_classes} classes")
-        print(f"data {info.name}: {len(train_set)} train / {len(val_set)} val images at {img_size} px; "
-              f"{dist_info.world_size} process(es) on {device.type}, batch {cfg.batch_size} per process "
-              f"(total {world_batch}), lr {cfg.lr:g} x {world_batch}/512 = {lr:.3g}, {cfg.epochs} epochs "
-              f"of {steps_per_epoch} steps")
-        if cfg.warmup_epochs >= cfg.epochs:
-            print(f"note: warmup_epochs ({cfg.warmup_epochs}) >= epochs ({cfg.epochs}): the learning rate only warms up")
-        if cfg.resume == "auto" and ckpt is None:
-            print(f"no checkpoint in {output} to resume from; starting a new run")
-        if ckpt is not None:
-            print(f"resumed from {resume_from} at epoch {start_epoch + 1}, step {step_in_epoch} "
-                  f"(global step {global_step})")
-        print(f"writing to {output}", flush=True)
-
-    def checkpoint_state(epoch: int, steps_done: int) -> dict[str, Any]:
-        rng = all_gather_objects(capture_rng(), dist_info)  # every rank's streams, for exact resume
-        return {
-            "model": model.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "epoch": epoch, "step_in_epoch": steps_done, "global_step": global_step,
-            "progress": dict(progress_state), "rng": rng, "meta": meta, "config": cfg.to_dict(),
-        }
-
-    def evaluate_and_log(epoch: int, partial: bool) -> dict[str, Any]:
-        result = evaluate(model, val_loader, device, cfg.amp, dist_info)
-        totals = all_reduce_sum(torch.tensor([progress_state["loss_sum"], float(progress_state["samples"])],
-                                             dtype=torch.float64, device=device), dist_info)
-        record = {
-            "epoch": epoch + 1, "step": global_step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
-            "val_loss": result["loss"], "val_top1": result["top1"], "val_top5": result["top5"],
-            "lr": optimizer.param_groups[0]["lr"],
-            "img_per_s": totals[1].item() / max(progress_state["seconds"], 1e-9), "world_size": dist_info.world_size,
-        }
-        if ema is not None:
-            ema_result = evaluate(ema.module, val_loader, device, cfg.amp, dist_info)
-            record.update(val_top1_ema=ema_result["top1"], val_top5_ema=ema_result["top5"])
-        if partial:
-            record["partial"] = True
-        return record
-
-    # ---------------------------------------------------------------------------------------------
-    # Loop
-    # ---------------------------------------------------------------------------------------------
-    total_steps = cfg.epochs * steps_per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * steps_per_epoch)
-    progress = Progress(main, cfg.log_interval, total_steps, global_step)
-    stopped_by: Optional[str] = None
-    epoch = start_epoch
-    while epoch < cfg.epochs and global_step < total_steps:
-        train_sampler.set_epoch(epoch, start=step_in_epoch * cfg.batch_size)
-        if isinstance(train_set, SeededTransformDataset):
-            train_set.set_epoch(epoch)
-        train_model.train()
-        progress.start_epoch(epoch, cfg.epochs, steps_per_epoch, step_in_epoch)
-        tick = time.perf_counter()
-        for images, targets in train_loader:
-            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            if mixup is not None:
-                images, targets = mixup(images, targets)  # targets: (B,) -> (B, num_classes) soft labels
-            with autocast(device, cfg.amp):
-                loss = criterion(train_model(images), targets)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.clip_grad is not None:
-                scaler.unscale_(optimizer)
-                dispatch_clip_grad(model.parameters(), cfg.clip_grad)
-            scaler.step(optimizer)
-            scaler.update()
-            global_step += 1
-            step_in_epoch += 1
-            scheduler.step_update(num_updates=global_step)
-            if ema is not None:
-                ema.update(model, step=global_step)
-
-            loss_value = loss.item()
-            now = time.perf_counter()
-            progress_state["loss_sum"] += loss_value * images.shape[0]
-            progress_state["samples"] += images.shape[0]
-            progress_state["seconds"] += now - tick
-            progress.step(step_in_epoch, global_step, loss_value, optimizer.param_groups[0]["lr"],
-                          images.shape[0] * dist_info.world_size / max(now - tick, 1e-9))
-            tick = now
-            if any_rank(bool(stop), dist_info):
-                stopped_by = stop.signal_name or "another rank's signal"
-                break
-            if global_step >= total_steps:
-                break
-        progress.end_epoch()
-
-        if stopped_by is not None:  # save where the run stands; a resumed run evaluates this epoch at its end
-            state = checkpoint_state(epoch, step_in_epoch)
-            if main:
-                save_atomic(state, last_path)
-            break
-
-        epoch_done = step_in_epoch == steps_per_epoch
-
-        record = evaluate_and_log(epoch, partial=not epoch_done)
-        improved = progress_state["best_top1"] is None or record["val_top1"] > progress_state["best_top1"]
-        if improved:
-            progress_state.update(best_top1=record["val_top1"], best_epoch=epoch + 1)
-        next_epoch, next_step = (epoch + 1, 0) if epoch_done else (epoch, step_in_epoch)
-        state = checkpoint_state(next_epoch, next_step)
-        if epoch_done:
-            progress_state.update(loss_sum=0.0, samples=0, seconds=0.0)
-            state["progress"] = dict(progress_state)
-        if main:
-            append_metrics(metrics_path, record)
-            save_atomic(state, last_path)
-            if improved:
-                save_atomic({k: state[k] for k in ("model", "ema", "meta", "config", "epoch", "global_step")}
-                            | {"val_top1": record["val_top1"], "val_top5": record["val_top5"]}, best_path)
-            plot_curves(metrics_path, output / "curves.png")
-            ema_text = f" (EMA {record['val_top1_ema']:.2f}%)" if ema is not None else ""
-            progress.write(
-                f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}, "
-                f"top-1 {record['val_top1']:.2f}%{ema_text}, top-5 {record['val_top5']:.2f}%, "
-                f"{record['img_per_s']:.0f} img/s, elapsed {format_duration(time.perf_counter() - progress.run_start)}"
-            )
-        epoch, step_in_epoch = next_epoch, next_step
-
-    best = progress_state["best_top1"]
-    eval_command = f"weightformer eval --checkpoint {best_path if best is not None else last_path}"
-    result = TrainResult(
-        output=str(output), best_top1=best, best_epoch=progress_state["best_epoch"], last_checkpoint=str(last_path),
-        best_checkpoint=str(best_path) if best is not None else None, global_step=global_step,
-        stopped_by=stopped_by, eval_command=eval_command, model=model,
+    return Training(
+        model=model, train_model=model, optimizer=optimizer, scheduler=scheduler,
+        scaler=torch.amp.GradScaler(dist_info.device.type, enabled=cfg.amp == "fp16"),
+        ema=ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None, mixup=mixup, criterion=criterion,
+        meta=meta, learning_rates=lrs,
     )
+
+
+def _check_same_data(old: Mapping[str, Any], info: DataInfo, source: str) -> None:
+    """A checkpoint's model was built for ``old``'s channels and classes; ``info`` must match them."""
+    if old.get("in_chans") not in (None, info.in_chans):
+        raise CheckpointError(
+            f"{source} was trained on {old['in_chans']}-channel images and {info.name} has {info.in_chans}-channel "
+            f"images; use data with {old['in_chans']} channel(s), or start a new run"
+        )
+    if old.get("num_classes") not in (None, info.num_classes):
+        raise CheckpointError(
+            f"{source} has {old['num_classes']} classes and {info.name} has {info.num_classes}; "
+            f"resume on the data set it was trained on ({old.get('data')})"
+        )
+
+
+def restore(ckpt: Mapping[str, Any], source: str, training: Training, data: TrainData, dist_info: DistInfo) -> RunState:
+    """Put the model, optimizer, schedule, scaler, EMA, generators and position back as ``ckpt`` saved them."""
+    old = ckpt.get("meta") or {}
+    if old.get("model") not in (None, training.meta["model"]):
+        raise CheckpointError(f"{source} is a {old['model']} checkpoint, this run builds {training.meta['model']}; "
+                              f"pass --model {old['model']} or a new --output")
+    _check_same_data(old, data.info, source)
+    load_model_state(training.model, ckpt["model"], source=source)
+    training.optimizer.load_state_dict(ckpt["optimizer"])
+    training.scheduler.load_state_dict(ckpt["scheduler"])
+    training.scaler.load_state_dict(ckpt["scaler"])
+    if training.ema is not None and ckpt.get("ema") is not None:
+        training.ema.load_state_dict(ckpt["ema"])
+    elif training.ema is not None:
+        training.ema.set(training.model)
+    state = RunState(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **ckpt["progress"])
+    rng = ckpt["rng"]
+    if len(rng) == dist_info.world_size:
+        restore_rng(rng[dist_info.rank])
+    elif dist_info.is_main:
+        print(f"note: {source} was saved by {len(rng)} process(es), this run has {dist_info.world_size}; "
+              f"random streams restart from the seed, so the run will not match an uninterrupted one exactly")
+    if state.step_in_epoch > data.steps_per_epoch:
+        raise CheckpointError(
+            f"{source} stopped at step {state.step_in_epoch} of an epoch that now has {data.steps_per_epoch} steps; "
+            f"resume with the batch size and number of processes it was saved with"
+        )
+    return state
+
+
+def init_from_weights(training: Training, path: str, dist_info: DistInfo) -> None:
+    """Start a new run from the weights in ``path`` (any format :func:`load_weights` reads).
+
+    A classifier of another size (fine-tuning on other classes) is left as initialised, and said so.
+    """
+    ckpt = read_checkpoint(path)
+    saved_chans = (ckpt.get("meta") or {}).get("in_chans")
+    if saved_chans not in (None, training.meta["in_chans"]):
+        raise CheckpointError(f"--init {path} was trained on {saved_chans}-channel images and this run's data has "
+                              f"{training.meta['in_chans']}-channel images; use matching data or other weights")
+    fresh = load_weights(training.model, ckpt, source=path, ignore_classifier=True)
+    if training.ema is not None:
+        training.ema.set(training.model)
+    if dist_info.is_main:
+        head = f"; the classifier ({', '.join(fresh)}) does not fit these classes and starts fresh" if fresh else ""
+        print(f"initialised from the weights in {path}: a new run, with a new schedule{head}")
+
+
+def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: DistInfo, state: RunState,
+              resumed_from: Optional[Path]) -> None:
+    info, meta = data.info, training.meta
+    world_batch = data.batch_size * dist_info.world_size
+    n_params = sum(p.numel() for p in training.model.parameters())
+    kwargs = "".join(f"{k}={v} " for k, v in meta["model_kwargs"].items())
+    print(f"model {cfg.model} ({kwargs}{n_params / 1e6:.2f}M parameters), {info.num_classes} classes")
+    print(f"data {info.name}: {len(data.train_set)} train / {len(data.val_set)} val images at {data.img_size} px; "
+          f"{dist_info.world_size} process(es) on {dist_info.device.type}, batch {data.batch_size} per process "
+          f"(total {world_batch}), lr {cfg.lr:g} x {world_batch}/512 = {training.learning_rates['lr']:.3g}, "
+          f"{cfg.epochs} epochs of {data.steps_per_epoch} steps")
+    if cfg.warmup_epochs >= cfg.epochs:
+        print(f"note: warmup_epochs ({cfg.warmup_epochs}) >= epochs ({cfg.epochs}): the learning rate only warms up")
+    if cfg.resume == "auto" and resumed_from is None:
+        print(f"no checkpoint in {cfg.output} to resume from; starting a new run")
+    if resumed_from is not None:
+        print(f"resumed from {resumed_from} at epoch {state.epoch + 1}, step {state.step_in_epoch} "
+              f"(global step {state.global_step})")
+    print(f"writing to {cfg.output}", flush=True)
+
+
+# Levels of the one per-step collective that keeps the ranks together (the largest wins).
+_CONTINUE, _STOP, _DIVERGED = 0, 1, 2
+
+
+def train_one_epoch(
+    cfg: TrainConfig, data: TrainData, training: Training, state: RunState, progress: Progress, stop: StopFlag,
+    total_steps: int, dist_info: DistInfo,
+) -> Optional[str]:
+    """Optimizer steps until the epoch ends, ``total_steps`` is reached or a stop is asked for.
+
+    Returns the name of what stopped the run early (a signal), or None. Raises
+    :class:`TrainingDivergedError` when any rank's loss is not finite.
+    """
+    device = dist_info.device
+    data.train_sampler.set_epoch(state.epoch, start=state.step_in_epoch * data.batch_size)
+    if isinstance(data.train_set, SeededTransformDataset):
+        data.train_set.set_epoch(state.epoch)
+    training.train_model.train()
+    progress.start_epoch(state.epoch, cfg.epochs, data.steps_per_epoch, state.step_in_epoch)
+    stopped_by = None
+    tick = time.perf_counter()
+    for images, targets in data.train_loader:
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if training.mixup is not None:
+            images, targets = training.mixup(images, targets)  # targets: (B,) -> (B, num_classes) soft labels
+        with autocast(device, cfg.amp):
+            loss = training.criterion(training.train_model(images), targets)
+        training.optimizer.zero_grad(set_to_none=True)
+        training.scaler.scale(loss).backward()
+        if cfg.clip_grad is not None:
+            training.scaler.unscale_(training.optimizer)
+            dispatch_clip_grad(training.model.parameters(), cfg.clip_grad)
+        training.scaler.step(training.optimizer)
+        training.scaler.update()
+        state.global_step += 1
+        state.step_in_epoch += 1
+        training.scheduler.step_update(num_updates=state.global_step)
+        if training.ema is not None:
+            training.ema.update(training.model, step=state.global_step)
+        # One collective a step keeps the ranks together: any rank's non-finite loss or stop signal.
+        loss_value = loss.item()
+        level = max_over_ranks(_DIVERGED if not math.isfinite(loss_value) else _STOP if stop else _CONTINUE, dist_info)
+        if level == _DIVERGED:  # nothing of this step is saved: the last checkpoint on disk stays the good one
+            raise TrainingDivergedError(_divergence_message(loss_value, cfg, data, state))
+
+        now = time.perf_counter()
+        state.loss_sum += loss_value * images.shape[0]
+        state.samples += images.shape[0]
+        state.seconds += now - tick
+        progress.step(state.step_in_epoch, state.global_step, loss_value, training.optimizer.param_groups[0]["lr"],
+                      images.shape[0] * dist_info.world_size / max(now - tick, 1e-9))
+        tick = now
+        if level == _STOP:
+            stopped_by = stop.signal_name or "another rank's signal"
+            break
+        if state.global_step >= total_steps:
+            break
+    progress.end_epoch()
+    return stopped_by
+
+
+def _divergence_message(loss_value: float, cfg: TrainConfig, data: TrainData, state: RunState) -> str:
+    what = str(loss_value) if not math.isfinite(loss_value) else "non-finite on another process"
+    last = Path(cfg.output) / "last.pt"
+    kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was saved before it"
+    return (f"the loss became {what} at step {state.global_step} (epoch {state.epoch + 1}, step "
+            f"{state.step_in_epoch} of {data.steps_per_epoch}), so the run stopped; {kept}. "
+            f"Lower --lr, keep clip_grad on, or train with --amp none")
+
+
+def _checkpoint_state(training: Training, state: RunState, cfg: TrainConfig, dist_info: DistInfo) -> dict[str, Any]:
+    rng = all_gather_objects(capture_rng(), dist_info)  # every rank's streams, for exact resume
+    return {
+        "model": training.model.state_dict(),
+        "ema": training.ema.state_dict() if training.ema is not None else None,
+        "optimizer": training.optimizer.state_dict(), "scheduler": training.scheduler.state_dict(),
+        "scaler": training.scaler.state_dict(), "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
+        "global_step": state.global_step, "progress": state.progress(), "rng": rng, "meta": training.meta,
+        "config": cfg.to_dict(),
+    }
+
+
+def _evaluation_record(data: TrainData, training: Training, state: RunState, cfg: TrainConfig,
+                       dist_info: DistInfo, partial: bool) -> dict[str, Any]:
+    device = dist_info.device
+    result = evaluate(training.model, data.val_loader, device, cfg.amp, dist_info)
+    totals = all_reduce_sum(torch.tensor([state.loss_sum, float(state.samples)], dtype=torch.float64, device=device),
+                            dist_info)
+    record = {
+        "epoch": state.epoch + 1, "step": state.global_step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
+        "val_loss": result["loss"], "val_top1": result["top1"], "val_top5": result["top5"],
+        "val_images": result["num_samples"], "lr": training.optimizer.param_groups[0]["lr"],
+        "img_per_s": totals[1].item() / max(state.seconds, 1e-9), "world_size": dist_info.world_size,
+    }
+    if training.ema is not None:
+        ema_result = evaluate(training.ema.module, data.val_loader, device, cfg.amp, dist_info)
+        record.update(val_top1_ema=ema_result["top1"], val_top5_ema=ema_result["top5"])
+    if partial:
+        record["partial"] = True
+    return record
+
+
+def end_epoch(cfg: TrainConfig, data: TrainData, training: Training, state: RunState, progress: Progress,
+              output: Path, dist_info: DistInfo) -> None:
+    """Evaluate, then write metrics.jsonl, last.pt, best.pt (when top-1 improved) and curves.png.
+
+    A run that stopped at ``max_steps`` mid-epoch is evaluated too (its record is marked partial)
+    and its checkpoint continues that epoch.
+    """
+    epoch_done = state.step_in_epoch == data.steps_per_epoch
+    record = _evaluation_record(data, training, state, cfg, dist_info, partial=not epoch_done)
+    improved = state.best_top1 is None or record["val_top1"] > state.best_top1
+    if improved:
+        state.best_top1, state.best_epoch = record["val_top1"], state.epoch + 1
+    finished_epoch = state.epoch
+    if epoch_done:
+        state.epoch, state.step_in_epoch = state.epoch + 1, 0
+        state.loss_sum, state.samples, state.seconds = 0.0, 0, 0.0
+    checkpoint = _checkpoint_state(training, state, cfg, dist_info)
+    if not dist_info.is_main:
+        return
+    append_metrics(output / "metrics.jsonl", record)
+    save_atomic(checkpoint, output / "last.pt")
+    if improved:
+        best = {k: checkpoint[k] for k in ("model", "ema", "meta", "config", "epoch", "global_step")}
+        save_atomic(best | {"val_top1": record["val_top1"], "val_top5": record["val_top5"]}, output / "best.pt")
+    plot_curves(output / "metrics.jsonl", output / "curves.png")
+    ema_text = f" (EMA {record['val_top1_ema']:.2f}%)" if training.ema is not None else ""
+    progress.write(
+        f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
+        f"val loss {record['val_loss']:.4f}, top-1 {record['val_top1']:.2f}%{ema_text}, "
+        f"top-5 {record['val_top5']:.2f}% ({record['val_images']} images), {record['img_per_s']:.0f} img/s, "
+        f"elapsed {format_duration(time.perf_counter() - progress.run_start)}"
+    )
+
+
+def finish(cfg: TrainConfig, training: Training, state: RunState, output: Path, stopped_by: Optional[str],
+           main: bool) -> TrainResult:
+    """The run's result, and (on the main process) where everything is and what to run next."""
+    last_path, best_path = output / "last.pt", output / "best.pt"
+    best = state.best_top1
+    eval_command = f"weightformer eval --checkpoint {best_path if best is not None else last_path}"
     if main:
         if stopped_by is not None:
-            print(f"stopped by {stopped_by} at epoch {epoch + 1}, step {step_in_epoch} (global step {global_step}); "
-                  f"checkpoint saved to {last_path}\nresume with: weightformer train --output {output} --resume auto")
+            print(f"stopped by {stopped_by} at epoch {state.epoch + 1}, step {state.step_in_epoch} (global step "
+                  f"{state.global_step}); checkpoint saved to {last_path}\n"
+                  f"resume with: weightformer train --output {output} --resume auto")
         else:
             if best is not None:
-                print(f"done: best top-1 {best:.2f}% at epoch {progress_state['best_epoch']}, checkpoint {best_path}")
-            print(f"last checkpoint {last_path}; metrics {metrics_path}; curves {output / 'curves.png'}")
+                print(f"done: best top-1 {best:.2f}% at epoch {state.best_epoch}, checkpoint {best_path}")
+            print(f"last checkpoint {last_path}; metrics {output / 'metrics.jsonl'}; curves {output / 'curves.png'}")
             print(f"evaluate with: {eval_command}", flush=True)
-    return result
+    return TrainResult(
+        output=str(output), best_top1=best, best_epoch=state.best_epoch, last_checkpoint=str(last_path),
+        best_checkpoint=str(best_path) if best is not None else None, global_step=state.global_step,
+        stopped_by=stopped_by, eval_command=eval_command, model=training.model,
+    )

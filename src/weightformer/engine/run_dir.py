@@ -1,0 +1,89 @@
+"""The run folder: checked before any work starts, and never overwritten unasked.
+
+A run folder holds ``config.yaml``, ``metrics.jsonl``, ``last.pt``, ``best.pt`` and ``curves.png``.
+A new run into a folder that already holds one is refused unless it resumes (``--resume``) or
+is told to start anew (``--overwrite``); starting anew moves the old run's files into
+``previous-<time>/`` inside the folder rather than deleting them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .errors import ConfigError
+
+__all__ = ["RUN_FILES", "check_run_folder", "check_writable_file", "check_writable_folder", "start_run_folder"]
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "curves.png")
+
+
+def check_writable_folder(folder: Path, flag: str) -> None:
+    """Create ``folder`` if needed and prove a file can be written in it, or raise ConfigError."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{flag} {folder} is a file, not a folder; pass a folder path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a folder you can write to"
+        ) from exc
+
+
+def check_writable_file(path: Path, flag: str) -> None:
+    """Check before the work that ``path`` can be written (its folder exists or can be made, it is
+    not a folder), without creating the file itself."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; pass a file path such as {path / 'results.json'}")
+    check_writable_folder(path.parent if str(path.parent) else Path("."), f"the folder of {flag}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"cannot write to {flag} {path} (permission denied); pass another path")
+
+
+def _previous_run_files(folder: Path) -> list[Path]:
+    return [folder / name for name in RUN_FILES if (folder / name).exists()]
+
+
+def check_run_folder(folder: Path, resuming: bool, overwrite: bool) -> None:
+    """Before any work: ``folder`` is writable, and holds no other run unless ``resuming`` or ``overwrite``."""
+    check_writable_folder(folder, "--output")
+    old = _previous_run_files(folder)
+    if old and not resuming and not overwrite:
+        names = ", ".join(p.name for p in old)
+        raise ConfigError(
+            f"--output {folder} already holds a run ({names}); continue it with --resume auto, "
+            f"start anew with --overwrite (its files are kept in {folder}/previous-<time>/), "
+            f"or pass another --output"
+        )
+
+
+def start_run_folder(folder: Path, resuming: bool, overwrite: bool) -> list[str]:
+    """Make ``folder`` ready for the run's first write and return notes to print.
+
+    Checks it again (:func:`check_run_folder`); with ``overwrite``, moves an old run's files to
+    ``previous-<time>/``; removes the temporary files that a kill during a checkpoint save leaves.
+    """
+    check_run_folder(folder, resuming, overwrite)
+    notes = []
+    old = _previous_run_files(folder)
+    if old and not resuming:
+        backup = folder / time.strftime("previous-%Y%m%d-%H%M%S")
+        suffix = 1
+        while backup.exists():
+            backup = folder / f"{time.strftime('previous-%Y%m%d-%H%M%S')}-{suffix}"
+            suffix += 1
+        backup.mkdir()
+        for path in old:
+            path.rename(backup / path.name)
+        notes.append(f"--overwrite: the previous run's files ({', '.join(p.name for p in old)}) moved to {backup}")
+    leftovers = sorted(folder.glob(".*.pt.*.tmp"))
+    for path in leftovers:
+        path.unlink()
+    if leftovers:
+        notes.append(f"removed {len(leftovers)} unfinished checkpoint file(s) left by an interrupted save "
+                     f"({', '.join(p.name for p in leftovers)})")
+    return notes
