@@ -1,28 +1,72 @@
-"""Settings: layering of defaults, files and flags; the shipped ImageNet configs hold the paper's recipe."""
+"""Settings: layering of defaults, files and flags; the shipped ImageNet configs hold the release's recipe."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 
-from weightformer.engine import ConfigError, parse_model_kwargs, resolve_config
+from weightformer.engine import ConfigError, TrainConfig, parse_model_kwargs, resolve_config
+from weightformer.engine.config import scaled_learning_rates
+from weightformer.models import WeightFormer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-@pytest.mark.parametrize("variant, model, drop_path, img_size", [
-    ("t", "weightformer_tiny", 0.0, 224),
-    ("s", "weightformer_small", 0.2, 224),
-    ("b", "weightformer_base", 0.2, 448),
-])
-def test_shipped_configs_are_the_papers_recipe(variant: str, model: str, drop_path: float, img_size: int):
-    cfg, applied = resolve_config({"data": "/data/imagenet"}, CONFIGS / f"imagenet_weightformer_{variant}.yaml")
+# The authors' release, github.com/LeapLabTHU/WeightFormer at cb55a4a: config.py's defaults under
+# cfg/wfm_{t,s,b}.yaml, trained with `torchrun --nproc_per_node=8` (README) at DATA.BATCH_SIZE 256 per GPU.
+RELEASE_GPUS = 8
+RELEASE = dict(
+    epochs=300, warmup_epochs=20, batch_size=256, opt="adamw", weight_decay=0.05, clip_grad=5.0,
+    lr=5e-4, min_lr=5e-6, warmup_lr=5e-7,  # TRAIN.BASE_LR, MIN_LR, WARMUP_LR, per total batch of 512
+    smoothing=0.1, mixup=0.8, cutmix=1.0, auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, color_jitter=0.4,
+    hflip=0.5, train_scale=(0.08, 1.0), interpolation="bicubic", crop_pct=0.875, ema=False, seed=0, workers=8,
+    no_aug=False,
+)
+# main.py: each of BASE_LR, WARMUP_LR and MIN_LR times DATA.BATCH_SIZE * world_size / 512.0.
+RELEASE_EFFECTIVE = {name: RELEASE[name] * RELEASE["batch_size"] * RELEASE_GPUS / 512.0
+                     for name in ("lr", "min_lr", "warmup_lr")}
+VARIANTS = [  # variant, model, img_size (DATA.IMG_SIZE), drop_path_rate (MODEL.DROP_PATH_RATE), amp (AMP)
+    ("t", "weightformer_tiny", 224, 0.0, "fp16"),
+    ("s", "weightformer_small", 224, 0.2, "fp16"),
+    ("b", "weightformer_base", 448, 0.2, "none"),
+]
+
+
+def _shipped(variant: str):
+    return resolve_config({"data": "/data/imagenet"}, CONFIGS / f"imagenet_weightformer_{variant}.yaml")
+
+
+@pytest.mark.parametrize("variant, model, img_size, drop_path, amp", VARIANTS)
+def test_shipped_configs_are_the_release_recipe(variant: str, model: str, img_size: int, drop_path: float, amp: str):
+    cfg, applied = _shipped(variant)
     assert applied == {}  # no small-image defaults leak into an ImageNet run
-    assert (cfg.model, cfg.img_size, cfg.model_kwargs["drop_path_rate"]) == (model, img_size, drop_path)
-    assert (cfg.epochs, cfg.opt, cfg.lr, cfg.weight_decay, cfg.warmup_epochs) == (300, "adamw", 5e-4, 0.05, 20)
-    assert (cfg.auto_augment, cfg.mixup, cfg.cutmix, cfg.smoothing, cfg.reprob) == ("rand-m9-mstd0.5-inc1", 0.8, 1.0, 0.1, 0.25)
-    assert cfg.clip_grad == 5.0 and cfg.amp in ("bf16", "fp16") and not cfg.no_aug
+    assert {name: getattr(cfg, name) for name in RELEASE} == RELEASE
+    assert (cfg.model, cfg.img_size, cfg.amp, cfg.crop_mode) == (model, img_size, amp, "squash")
+    # timm's names: the release's MLP dropout (its drop_rate, 0.0) is proj_drop_rate; no head dropout.
+    assert cfg.model_kwargs == {"drop_rate": 0.0, "proj_drop_rate": 0.0, "drop_path_rate": drop_path}
+
+
+@pytest.mark.parametrize("variant", ["t", "s", "b"])
+def test_shipped_configs_run_the_release_schedule_at_its_batch(variant: str):
+    cfg, _ = _shipped(variant)
+    assert RELEASE_EFFECTIVE == {"lr": 2e-3, "min_lr": 2e-5, "warmup_lr": 2e-6}
+    assert scaled_learning_rates(cfg, cfg.batch_size * RELEASE_GPUS) == RELEASE_EFFECTIVE
+
+
+def test_defaults_are_the_release_recipe_for_t():
+    cfg = TrainConfig()
+    assert {name: getattr(cfg, name) for name in RELEASE} == RELEASE
+    assert (cfg.model, cfg.model_kwargs) == ("weightformer_tiny", {})
+    defaults = inspect.signature(WeightFormer).parameters  # no kwargs: the model's dropouts, all 0.0 as in T
+    assert [defaults[name].default for name in ("drop_rate", "proj_drop_rate", "drop_path_rate")] == [0.0] * 3
+
+
+def test_every_learning_rate_scales_with_the_total_batch():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
+    assert scaled_learning_rates(cfg, 512) == {"lr": 1e-3, "min_lr": 1e-5, "warmup_lr": 1e-6}
+    assert scaled_learning_rates(cfg, 128) == {"lr": 2.5e-4, "min_lr": 2.5e-6, "warmup_lr": 2.5e-7}
 
 
 def test_mnist_defaults_apply_under_flags():

@@ -1,7 +1,7 @@
 """Training and evaluation engine: ``train(config)``, ``evaluate(model, loader, device)``,
 ``evaluate_checkpoint(path)``, and the config they share."""
 
-from .config import TrainConfig, load_config_file, parse_model_kwargs, resolve_config
+from .config import TrainConfig, load_config_file, parse_model_kwargs, resolve_config, scaled_learning_rates, validate_config
 from .distributed import DistInfo, init_distributed
 from .errors import USER_ERRORS, ConfigError
 from .evaluate import evaluate, evaluate_checkpoint, format_eval
@@ -26,5 +26,7 @@ __all__ = [
     "parse_model_kwargs",
     "read_checkpoint",
     "resolve_config",
+    "scaled_learning_rates",
     "train",
+    "validate_config",
 ]

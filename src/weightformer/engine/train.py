@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..checkpoint import CheckpointError, save_atomic
 from ..data import ArrayImageDataset, DataInfo, ResumableSampler, SeededTransformDataset, open_dataset, precompute
 from ..data.transforms import build_transforms, eval_data_config
-from .config import TrainConfig, resolve_config, scaled_learning_rates
+from .config import TrainConfig, resolve_config, scaled_learning_rates, validate_config
 from .distributed import (
     DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, max_over_ranks, shutdown_distributed,
 )
@@ -184,7 +184,7 @@ def train(
     the current step with a checkpoint. Works as one process or under torchrun.
     """
     if isinstance(config, TrainConfig):
-        cfg, applied = config, {}
+        cfg, applied = validate_config(config), {}
         if cfg.output is None:
             cfg = dataclasses.replace(cfg, output=_default_output(cfg))
     else:
