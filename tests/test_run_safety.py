@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torchvision import transforms as T
 from tqdm import tqdm
 
-import weightformer.engine.train as train_module
+import weightformer.engine.loop as train_module
 from conftest_train import make_image_folder
 from release_layout import release_state_dict
 from weightformer.cli import main

@@ -7,7 +7,7 @@ from .errors import USER_ERRORS, ConfigError
 from .evaluate import evaluate, evaluate_checkpoint, format_eval
 from .state import build_model, load_model_state, read_checkpoint
 from .signals import StopFlag
-from .train import TrainResult, train
+from .loop import TrainResult, train
 
 __all__ = [
     "USER_ERRORS",
