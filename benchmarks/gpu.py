@@ -23,6 +23,8 @@ from typing import Dict, List, Optional
 import torch
 
 from weightformer.bench.machine import describe, machine_info
+from weightformer.bench.memory import cuda_peak
+from weightformer.bench.report import OutputError, check_out_dir
 from weightformer.bench.timing import inference_call, iterations_for, median, time_call
 from weightformer.bench.variants import build_model, get_variant
 
@@ -66,12 +68,7 @@ def largest_batch(model: torch.nn.Module, resolution: int, device: str, max_batc
 
 def peak_memory(model: torch.nn.Module, batch: int, resolution: int, device: str) -> Dict[str, float]:
     """Peak and extra (over the resident models) allocated GiB of one inference call at ``batch``, input included."""
-    _release()
-    baseline = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    inference_call(model, _images(batch, resolution, device), DTYPE)()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
+    baseline, peak = cuda_peak(lambda: inference_call(model, _images(batch, resolution, device), DTYPE)(), device)
     _release()
     return {"batch": batch, "peak_gib": peak / 2**30, "extra_gib": (peak - baseline) / 2**30}
 
@@ -139,7 +136,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/gpu"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/gpu.py needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
+        print("error: benchmarks/gpu.py needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return 2
+    try:
+        check_out_dir(args.out_dir, names=[], flag="--out-dir")  # before the measurements, not after them
+    except OutputError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     machine = machine_info(args.device)
     print(f"machine: {describe(machine)}", flush=True)

@@ -17,6 +17,7 @@ import torch
 
 from weightformer.bench import count_flops, machine_info, measure_memory
 from weightformer.bench.machine import describe
+from weightformer.bench.report import OutputError, check_out_dir
 from weightformer.bench.timing import (
     gemm_call,
     inference_call,
@@ -184,6 +185,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/targets_cpu.json"))
     args = parser.parse_args(argv)
+    try:
+        check_out_dir(args.out.parent, names=[args.out.name], flag="--out")  # before the measurements, not after
+    except OutputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     machine = machine_info("cpu")
     print(f"machine: {describe(machine)}", flush=True)

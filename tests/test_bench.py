@@ -134,7 +134,7 @@ def test_cli_options_build_a_config():
     assert config.models == ["wf-t", "deit-t"] and config.resolutions == [224, 448]
     assert config.batch_for(224) == 8 and config.batch_for(448) == 2
     with pytest.raises(ValueError, match="unknown model"):
-        config_from_args(parser.parse_args(["--models", "resnet"]))
+        SweepConfig(models=["resnet"], resolutions=[224])
 
 
 def test_gpu_largest_batch_bisection(monkeypatch):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from conftest_train import make_image_folder
 from weightformer.data import (
@@ -64,30 +67,51 @@ def test_bad_folders_raise_one_line_errors(tmp_path: Path, layout: str, message:
         assert "only in train/: ['b']" in str(info.value) and "only in val/: ['z']" in str(info.value)
 
 
-def test_corrupt_images_are_skipped_and_reported_once(tmp_path: Path):
+def test_corrupt_images_are_skipped_and_reported_in_one_line(tmp_path: Path):
     make_image_folder(tmp_path, train_per_class=3, val_per_class=2)
-    garbage = tmp_path / "train" / "cat" / "broken.jpg"
-    garbage.write_bytes(b"this is not a jpeg")
+    garbage = [tmp_path / "train" / "cat" / f"broken{i}.jpg" for i in range(3)]
+    for path in garbage:
+        path.write_bytes(b"this is not a jpeg")
     truncated = tmp_path / "val" / "dog" / "truncated.png"
     truncated.write_bytes((tmp_path / "val" / "dog" / "0.png").read_bytes()[:60])
     with pytest.warns(SkippedImagesWarning) as record:
         info, splits = open_dataset(str(tmp_path))
     assert len(record) == 1
     message = str(record[0].message)
-    assert "skipped 2 unreadable" in message and str(garbage) in message and str(truncated) in message
-    assert info.skipped == (str(garbage), str(truncated))
+    assert "\n" not in message and "skipped 4 unreadable" in message and "(3 in train/, 1 in val/)" in message
+    assert all(str(path) in message for path in garbage) and f"{truncated}" not in message and "and 1 more" in message
+    assert info.skipped == (*map(str, garbage), str(truncated))  # the full list, for the run's records
     assert len(splits["train"]) == 6 and len(splits["val"]) == 4
 
 
-def test_undecodable_image_is_replaced_at_load_time(tmp_path: Path):
+@pytest.mark.parametrize("verify", [True, False])
+def test_image_unreadable_at_load_time_is_an_error_not_a_substitute(tmp_path: Path, verify: bool):
     make_image_folder(tmp_path, train_per_class=2, val_per_class=1)
-    _, splits = open_dataset(str(tmp_path))
-    dataset = splits["train"]
+    _, splits = open_dataset(str(tmp_path), verify=verify)
+    dataset = splits["val"]
     bad = Path(dataset.samples[0][0])
     bad.write_bytes(b"gone bad after the scan")
-    with pytest.warns(SkippedImagesWarning, match="broken|unreadable"):
-        img, label = dataset[0]
+    with pytest.raises(DataError, match="cannot read image") as error:
+        dataset[0]
+    message = str(error.value)
+    assert str(bad) in message and "\n" not in message
+    assert ("replace or remove it" in message) if verify else ("verify_images=true" in message)
+    img, label = dataset[1]  # the other images still load, each under its own index
     assert img.size == (20, 20) and label == dataset.samples[1][1]
+
+
+def test_truncated_jpeg_passes_the_scan_and_fails_loudly_when_loaded(tmp_path: Path):
+    make_image_folder(tmp_path, train_per_class=1, val_per_class=2)
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    jpeg = io.BytesIO()
+    Image.fromarray(pixels).save(jpeg, "JPEG")
+    cut = tmp_path / "val" / "dog" / "cut.jpg"
+    cut.write_bytes(jpeg.getvalue()[: len(jpeg.getvalue()) // 2])  # the header is intact, the pixels are not
+    info, splits = open_dataset(str(tmp_path), splits=("val",))
+    assert info.skipped == () and len(splits["val"]) == 5
+    index = [path for path, _ in splits["val"].samples].index(str(cut))
+    with pytest.raises(DataError, match=f"cannot read image {cut} .*truncated.*replace or remove it"):
+        splits["val"][index]
 
 
 def test_sampler_shards_cover_the_epoch_and_resume_mid_epoch():

@@ -1,94 +1,220 @@
 """``weightformer bench``: run the benchmark sweep and write JSON, CSV, Markdown and the scaling plot.
 
-The default run compares WeightFormer-T (fast, naive and checkpointed) with DeiT-T (fused and explicit
-attention), and WeightFormer-S with DeiT-S, at 224-1248 px and at 2048 px where the per-call time budget
-allows; inference everywhere, training steps and training memory at a subset of resolutions. On two
-CPU cores it is estimated at 15-20 minutes.
+Every setting is checked before any measurement: a bad one ends in one ``error:`` line on stderr and
+exit status 2. Each point is appended to ``points.jsonl`` in the output folder as it is measured;
+``--resume`` takes the points already there. SIGINT and SIGTERM stop the sweep between calls with
+exit status 130 and 143, keeping the points measured so far.
 """
 
 import argparse
+import signal
+import sys
+import threading
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .report import write_all
-from .sweep import MEASUREMENTS, Sweep, SweepConfig
+from .journal import JOURNAL_NAME, JournalMismatch
+from .report import check_out_dir, markdown_table, write_all
+from .sweep import (
+    DTYPES,
+    MEASUREMENTS,
+    MODES,
+    Sweep,
+    SweepConfig,
+    check_choices,
+    check_device,
+    check_models,
+    check_number,
+    check_resolution,
+)
 from .variants import TRAIN, VARIANTS
 
 DEFAULT_MODELS = ["wf-t", "wf-t-naive", "wf-t-ckpt", "deit-t", "deit-t-explicit", "wf-s", "deit-s"]
 DEFAULT_RESOLUTIONS = [224, 448, 624, 896, 1248, 2048]
 DEFAULT_BATCHES = "224:16,448:4,1"
+DEFAULT_TRAIN_RESOLUTIONS = [224, 448, 624, 1248]
+DEFAULT_MEMORY_RESOLUTIONS = [224, 624, 1248]
+# --quick: what it leaves of the sweep, unless given explicitly.
+QUICK = {"models": ["wf-t", "deit-t"], "resolutions": [224, 448], "measure": ["infer", "flops"]}
+EXIT_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+DESCRIPTION = """\
+Speed and memory benchmarks: throughput, peak memory, FLOPs and parameters of WeightFormer against
+timm's DeiT, written as results.json, results.csv, results.md and scaling.png.
+
+A bare `weightformer bench` runs the full sweep: WeightFormer-T (fast, naive, checkpointed) and DeiT-T
+(fused and explicit attention), WeightFormer-S and DeiT-S, at 224-2048 px, inference, training steps,
+memory and FLOPs. It took 814 s (13.5 minutes) on the 2-core machine of benchmarks/results/cpu;
+expect 15-20 minutes on a slower or busier machine. For a quick look use --quick (WeightFormer-T and
+DeiT-T, inference and FLOPs at 224 and 448 px: about 30 s there), or pick models and resolutions.
+
+Each point is saved to points.jsonl in --out as soon as it is measured: a sweep that is killed keeps
+its points, and the same command with --resume measures only the rest."""
 
 
-def _ints(text: str) -> List[int]:
+def _from_text(parse: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``parse(text)``, turning its ValueError into argparse's one-line error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error) or f"bad {what}: {text!r}") from None
+
+    convert.__name__ = what  # argparse names the type in some messages
+    return convert
+
+
+def _int(text: str) -> int:
+    return _parse_number(text, int, "an integer")
+
+
+def _float(text: str) -> float:
+    return _parse_number(text, float, "a number")
+
+
+def _parse_number(text: str, kind: Callable[[str], Any], what: str) -> Any:
     try:
-        return [int(part) for part in text.split(",") if part]
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 224,448, got {text!r}") from None
+        raise ValueError(f"expected {what}, got {text!r}") from None
 
 
 def _strings(text: str) -> List[str]:
-    return [part for part in text.split(",") if part]
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _resolutions(text: str) -> List[int]:
+    values = [_int(part) for part in _strings(text)]
+    if not values:
+        raise ValueError(f"expected comma-separated resolutions such as 224,448, got {text!r}")
+    for value in values:
+        check_resolution(value)
+    return values
+
+
+def _models(text: str) -> List[str]:
+    models = _strings(text)
+    check_models(models)
+    return models
+
+
+def _choices(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
+    def parse(text: str) -> List[str]:
+        values = _strings(text)
+        check_choices(what, values, allowed)
+        return values
+
+    return parse
+
+
+def _number(minimum: float, inclusive: bool = True, integer: bool = False) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = _int(text) if integer else _float(text)
+        check_number("the value", value, minimum, inclusive)
+        return value
+
+    return parse
 
 
 def parse_batches(text: str) -> Tuple[Dict[int, int], int]:
-    """Parse "RES:BATCH,...,DEFAULT" (e.g. "224:16,448:4,1") into ({224: 16, 448: 4}, 1)."""
+    """Parse "RES:BATCH,...,DEFAULT" (e.g. "224:16,448:4,1") into ({224: 16, 448: 4}, 1).
+
+    Raises ``argparse.ArgumentTypeError`` on anything else: a bad entry, a batch below 1, two defaults.
+    """
     per_res: Dict[int, int] = {}
-    default = 1
+    defaults: List[int] = []
     for part in _strings(text):
         try:
             if ":" in part:
                 res, batch = part.split(":")
                 per_res[int(res)] = int(batch)
+                check_resolution(int(res))
             else:
-                default = int(part)
-        except ValueError:
+                defaults.append(int(part))
+        except ValueError as error:
+            detail = str(error) if "multiple" in str(error) else f"bad batch entry {part!r}"
             raise argparse.ArgumentTypeError(
-                f"bad batch entry {part!r} in {text!r}; use RES:BATCH pairs and one plain default, e.g. 224:16,1"
+                f"{detail} in {text!r}; use RES:BATCH pairs and one plain default, e.g. 224:16,1"
             ) from None
-    return per_res, default
+    if len(defaults) > 1:
+        raise argparse.ArgumentTypeError(f"{len(defaults)} plain defaults in {text!r}; give one, e.g. 224:16,1")
+    for batch in [*per_res.values(), *defaults]:
+        if batch < 1:
+            raise argparse.ArgumentTypeError(f"batch {batch} in {text!r} is below 1; batches are positive integers")
+    return per_res, defaults[0] if defaults else 1
+
+
+def _one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], None]:
+    """``parser.error`` for the bench: a user's mistake is one ``error:`` line on stderr and exit status 2."""
+
+    def error(message: str) -> None:
+        print(f"error: {message} (see {parser.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+    return error
+
+
+def _list(values: Sequence[Any]) -> str:
+    return ",".join(map(str, values))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the benchmark's options to ``parser``."""
-    parser.add_argument(
-        "--models", type=_strings, default=DEFAULT_MODELS, help=f"comma-separated, from: {', '.join(VARIANTS)}"
-    )
-    parser.add_argument("--resolutions", type=_ints, default=DEFAULT_RESOLUTIONS, help="image sides in pixels")
-    parser.add_argument(
-        "--batch", type=parse_batches, default=parse_batches(DEFAULT_BATCHES), help="RES:BATCH pairs and a default"
-    )
-    parser.add_argument(
-        "--measure", type=_strings, default=list(MEASUREMENTS), help=f"which of {', '.join(MEASUREMENTS)}"
-    )
-    parser.add_argument(
-        "--train-resolutions", type=_ints, default=[224, 448, 624, 1248], help="resolutions with training steps"
-    )
-    parser.add_argument("--memory-resolutions", type=_ints, default=[224, 624, 1248], help="resolutions with memory")
-    parser.add_argument(
-        "--memory-modes", type=_strings, default=[TRAIN], help="memory of 'infer' calls, 'train' steps or both"
-    )
-    parser.add_argument("--repetitions", type=int, default=3, help="timed rounds; medians are reported")
-    parser.add_argument("--min-rep-seconds", type=float, default=1.0, help="a timed repetition lasts at least this")
-    parser.add_argument(
-        "--max-call-seconds", type=float, default=15.0, help="skip points predicted to take longer per call"
-    )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default benchmarks/results/<device>)")
+    """Add the benchmark's options to ``parser``, with its description, help layout and one-line errors."""
+    parser.description = DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.error = _one_line_error(parser)  # type: ignore[method-assign]
+    S = argparse.SUPPRESS  # --quick fills in what is not given; config_from_args applies the defaults
+    add = parser.add_argument
+    add("--quick", action="store_true",
+        help=f"a short sweep: models {_list(QUICK['models'])}, resolutions {_list(QUICK['resolutions'])}, "
+        f"measure {_list(QUICK['measure'])}, unless given explicitly")
+    add("--models", type=_from_text(_models, "models"), default=S,
+        help=f"comma-separated, from: {', '.join(VARIANTS)} (default: {_list(DEFAULT_MODELS)})")
+    add("--resolutions", type=_from_text(_resolutions, "resolutions"), default=S,
+        help=f"image sides in pixels, multiples of 16 (default: {_list(DEFAULT_RESOLUTIONS)})")
+    add("--batch", type=parse_batches, default=parse_batches(DEFAULT_BATCHES), metavar="RES:BATCH,...,DEFAULT",
+        help=f"batch size per resolution and a plain default for the others (default: {DEFAULT_BATCHES})")
+    add("--measure", type=_from_text(_choices(MEASUREMENTS, "measurements"), "measure"), default=S,
+        help=f"comma-separated, from: {', '.join(MEASUREMENTS)} (default: all)")
+    add("--train-resolutions", type=_from_text(_resolutions, "resolutions"), default=DEFAULT_TRAIN_RESOLUTIONS,
+        help=f"the resolutions that also get training steps (default: {_list(DEFAULT_TRAIN_RESOLUTIONS)})")
+    add("--memory-resolutions", type=_from_text(_resolutions, "resolutions"), default=DEFAULT_MEMORY_RESOLUTIONS,
+        help=f"the resolutions that also get peak memory (default: {_list(DEFAULT_MEMORY_RESOLUTIONS)})")
+    add("--memory-modes", type=_from_text(_choices(MODES, "memory modes"), "modes"), default=[TRAIN],
+        help=f"memory of 'infer' calls, 'train' steps or both, comma-separated (default: {TRAIN})")
+    add("--repetitions", type=_from_text(_number(1, integer=True), "repetitions"), default=3,
+        help="timed rounds per point; medians are reported (default: %(default)s)")
+    add("--min-rep-seconds", type=_from_text(_number(0), "seconds"), default=1.0,
+        help="a timed repetition lasts at least this many seconds (default: %(default)s)")
+    add("--max-call-seconds", type=_from_text(_number(0, inclusive=False), "seconds"), default=15.0,
+        help="skip points predicted to take longer per call, in seconds (default: %(default)s)")
+    add("--device", type=_from_text(check_device, "device"), default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda or cuda:N (default: %(default)s, here)")
+    add("--dtype", default="float32", choices=DTYPES, help="autocast dtype (default: %(default)s)")
+    add("--threads", type=_from_text(_number(1, integer=True), "threads"), default=None,
+        help="torch CPU threads (default: torch's choice)")
+    add("--out", type=Path, default=None, help="output folder (default: benchmarks/results/<device type>)")
+    add("--resume", action="store_true",
+        help=f"take the points already in --out/{JOURNAL_NAME} (same settings only) and measure the rest")
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
-    """The ``SweepConfig`` that the parsed options describe."""
+    """The ``SweepConfig`` that the parsed options describe (``--quick`` applied)."""
+    quick = getattr(args, "quick", False)
+
+    def pick(name: str, default: Any) -> Any:
+        return getattr(args, name, QUICK[name] if quick else default)
+
     per_res, default = args.batch
     return SweepConfig(
-        models=args.models,
-        resolutions=args.resolutions,
+        models=pick("models", DEFAULT_MODELS),
+        resolutions=pick("resolutions", DEFAULT_RESOLUTIONS),
         batch_sizes=per_res,
         default_batch=default,
-        measurements=tuple(args.measure),
+        measurements=tuple(pick("measure", MEASUREMENTS)),
         train_resolutions=args.train_resolutions,
         memory_resolutions=args.memory_resolutions,
         memory_modes=tuple(args.memory_modes),
@@ -101,16 +227,55 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     )
 
 
+class Stopped(BaseException):
+    """SIGTERM (or SIGINT) asked the sweep to stop."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _sweep(config: SweepConfig, out: Path, resume: bool) -> Optional[Dict[str, Any]]:
+    """Run the sweep with SIGINT/SIGTERM turned into ``Stopped``; None (and a message) if stopped."""
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only there can handlers be set
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in EXIT_SIGNALS if in_main_thread}
+    try:
+        return Sweep(config, log=_log, journal=out / JOURNAL_NAME, resume=resume).run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the sweep the options describe, write its outputs, and return the exit status."""
+    """Run the sweep the options describe, print its table, write its outputs, and return the exit status."""
     try:
         config = config_from_args(args)
-    except ValueError as error:
-        print(f"weightformer bench: {error}")
+        out = args.out or Path("benchmarks/results") / torch.device(config.device).type
+        check_out_dir(out)
+    except ValueError as error:  # a bad setting (SweepConfig) or an output folder that cannot take the results
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    out = args.out or Path("benchmarks/results") / torch.device(config.device).type
-    result = Sweep(config).run()
+    try:
+        result = _sweep(config, out, args.resume)
+    except JournalMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Stopped as stop:
+        print(f"stopped by {stop}; the points measured so far are in {out / JOURNAL_NAME}: "
+              f"rerun the same command with --resume to finish", file=sys.stderr)
+        return EXIT_SIGNALS[stop.signum]
+    # The table first: if writing fails, the results are on screen (and in the journal) all the same.
+    print(markdown_table(result), flush=True)
     for path in write_all(result, out):
         print(f"wrote {path}")
-    print(f"sweep took {result['elapsed_s']:.0f} s")
+    print(f"sweep took {result['elapsed_s']:.0f} s ({result['points_measured']} points measured, "
+          f"{result['points_reused']} taken from {out / JOURNAL_NAME})")
     return 0

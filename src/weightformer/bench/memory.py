@@ -1,6 +1,7 @@
 """Peak memory of one inference call or training step.
 
-On CUDA: ``torch.cuda.max_memory_allocated`` around the call, in this process.
+On CUDA: ``torch.cuda.max_memory_allocated`` around the call, in this process (``cuda_peak``, also used
+by benchmarks/gpu.py).
 
 On CPU: peak resident set size, measured in a fresh subprocess per point so that earlier points'
 allocations cannot hide this one's. The worker builds the model and optimizer, runs one warm-up
@@ -9,6 +10,9 @@ resident set size (the baseline), resets the kernel's high-water mark (``/proc/s
 runs one step at the measured size. ``peak`` is the high-water mark (VmHWM); ``extra`` is peak minus
 baseline, i.e. activations, gradients and temporaries. glibc's mmap threshold is pinned at 128 KiB
 in the worker so that freed tensors go back to the system and the resident set tracks live memory.
+
+Running out of memory is a measured outcome, not a failure: it raises ``OutOfMemory`` (or torch's own
+error), which ``is_oom`` recognises, and the sweep records the point as OOM and goes on.
 """
 
 import argparse
@@ -16,10 +20,11 @@ import gc
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -28,6 +33,19 @@ from .variants import INFER, TRAIN, build_model, get_variant, random_batch
 
 MIB = 2**20
 _WARMUP_RESOLUTION = 64
+
+
+class OutOfMemory(RuntimeError):
+    """A benchmark point ran out of memory (in a memory worker, or its worker was killed for it)."""
+
+
+def is_oom(error: BaseException) -> bool:
+    """Whether ``error`` is an out-of-memory failure: CUDA's, the CPU allocator's, Python's, or a worker's."""
+    if isinstance(error, (OutOfMemory, MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error).lower()
+    # CUDA: "CUDA out of memory"; CPU allocator: "DefaultCPUAllocator: can't allocate memory: ..."
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 @dataclass
@@ -79,10 +97,11 @@ def _step(variant_key: str, mode: str, resolution: int, batch: int, device: str,
     return warm_and_free, measured
 
 
-def measure_cuda(variant_key: str, mode: str, resolution: int, batch: int, device: str, dtype: torch.dtype) -> MemoryReport:
-    """Peak CUDA memory of one call, in this process."""
-    warm, call = _step(variant_key, mode, resolution, batch, device, dtype)
-    warm()
+def cuda_peak(call: Callable[[], Any], device: str) -> Tuple[int, int]:
+    """(baseline, peak) allocated CUDA bytes around ``call()``: the peak counts only what ``call`` adds on top.
+
+    Frees collectable memory first, so that garbage of earlier calls is neither baseline nor peak.
+    """
     gc.collect()
     torch.cuda.empty_cache()
     synchronize(device)
@@ -90,7 +109,16 @@ def measure_cuda(variant_key: str, mode: str, resolution: int, batch: int, devic
     torch.cuda.reset_peak_memory_stats(device)
     call()
     synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
+    return baseline, torch.cuda.max_memory_allocated(device)
+
+
+def measure_cuda(
+    variant_key: str, mode: str, resolution: int, batch: int, device: str, dtype: torch.dtype
+) -> MemoryReport:
+    """Peak CUDA memory of one call, in this process."""
+    warm, call = _step(variant_key, mode, resolution, batch, device, dtype)
+    warm()
+    baseline, peak = cuda_peak(call, device)
     return MemoryReport(peak / MIB, baseline / MIB, (peak - baseline) / MIB, "torch.cuda.max_memory_allocated")
 
 
@@ -133,10 +161,15 @@ def measure_cpu(
         env=env,
         timeout=timeout_s,
     )
+    if proc.returncode == -signal.SIGKILL:
+        raise OutOfMemory(f"memory worker for {spec} was killed by SIGKILL, most likely by the out-of-memory killer")
     if proc.returncode != 0:
         last = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"memory worker for {spec} failed with exit code {proc.returncode}: {last[0]}")
-    return MemoryReport(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    document = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "oom" in document:
+        raise OutOfMemory(document["oom"])
+    return MemoryReport(**document)
 
 
 def measure(
@@ -161,9 +194,15 @@ def _worker(argv: Optional[list] = None) -> None:
     parser.add_argument("spec", help="JSON: variant, mode, resolution, batch, dtype, threads")
     spec = json.loads(parser.parse_args(argv).spec)
     torch.set_num_threads(spec["threads"])
-    report = _measure_cpu_here(
-        spec["variant"], spec["mode"], spec["resolution"], spec["batch"], getattr(torch, spec["dtype"])
-    )
+    try:
+        report = _measure_cpu_here(
+            spec["variant"], spec["mode"], spec["resolution"], spec["batch"], getattr(torch, spec["dtype"])
+        )
+    except (RuntimeError, MemoryError) as error:
+        if not is_oom(error):
+            raise
+        print(json.dumps({"oom": str(error).splitlines()[0] if str(error) else type(error).__name__}))
+        return
     print(json.dumps(report.as_dict()))
 
 

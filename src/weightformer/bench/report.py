@@ -1,11 +1,22 @@
-"""Writers for a sweep's result document: JSON, CSV, a Markdown table and the log-log scaling plot."""
+"""Writers for a sweep's result document: JSON, CSV, a Markdown table and the log-log scaling plot.
+
+Every file is written whole to a temporary file beside it and renamed over the old one, so a kill
+mid-write leaves the previous file, never half of one. ``check_out_dir`` checks, before a sweep
+starts, that the folder can take them.
+"""
 
 import csv
+import io
 import json
+import os
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
+from .journal import JOURNAL_NAME, write_atomic
 from .machine import describe
+
+OUTPUT_NAMES = ("results.json", "results.csv", "results.md", "scaling.png")
 
 CSV_COLUMNS = [
     "model",
@@ -31,28 +42,55 @@ CSV_COLUMNS = [
 ]
 
 
+class OutputError(ValueError):
+    """The output folder cannot take the results (a file in its place, no permission, a read-only place)."""
+
+
+def check_out_dir(out_dir: Path, names: Sequence[str] = (*OUTPUT_NAMES, JOURNAL_NAME), flag: str = "--out") -> None:
+    """Make ``out_dir`` and check that files ``names`` can be written there; ``OutputError`` if not.
+
+    ``flag`` names the option the folder came from, in the message.
+    """
+    out_dir = Path(out_dir)
+    for parent in (out_dir, *out_dir.parents):
+        if parent.exists() and not parent.is_dir():
+            raise OutputError(f"{flag} {out_dir}: {parent} is a file, not a folder; give a folder path")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        why = error.strerror or error
+        raise OutputError(f"{flag} {out_dir}: cannot write there ({why}); give a writable folder") from None
+    for name in names:
+        path = out_dir / name
+        if path.exists() and (not path.is_file() or not os.access(path, os.W_OK)):
+            raise OutputError(f"{flag} {out_dir}: {path} exists and cannot be replaced by a file; move it away")
+
+
 def write_json(result: Dict[str, Any], path: Path) -> None:
     """The whole result document, machine and config included."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_atomic(path, (json.dumps(result, indent=2) + "\n").encode())
 
 
 def write_csv(result: Dict[str, Any], path: Path) -> None:
     """One line per (model, resolution, batch, measurement); the machine is named in a leading comment."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        f.write(f"# machine: {describe(result['machine'])}\n")
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in result["rows"]:
-            writer.writerow({**row, "samples_s": ";".join(f"{s:.6g}" for s in row["samples_s"])})
+    f = io.StringIO(newline="")
+    f.write(f"# machine: {describe(result['machine'])}\n")
+    writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for row in result["rows"]:
+        writer.writerow({**row, "samples_s": ";".join(f"{s:.6g}" for s in row["samples_s"])})
+    write_atomic(path, f.getvalue().encode())
 
 
 def _cell(row: Optional[Dict[str, Any]], digits: int, ratio: bool = True) -> str:
     if row is None:
         return "—"
     if row["status"] != "ok":
-        return "skipped"
+        return "OOM" if row["status"] == "oom" else "skipped"
     text = f"{row['value']:.{digits}f}"
     if ratio and row["ratio_vs_baseline"] is not None and row["model"] != row["baseline_model"]:
         text += f" ({row['ratio_vs_baseline']:.2f}×)"
@@ -98,8 +136,12 @@ def markdown_table(result: Dict[str, Any]) -> str:
         lines.append("")
     skipped = [r for r in rows if r["status"] != "ok"]
     if skipped:
-        lines += ["Skipped points:", ""]
-        lines += [f"- {r['label']}, {r['measurement']}, {r['resolution']}px: {r['reason']}" for r in skipped]
+        lines += ["Points skipped or out of memory (OOM):", ""]
+        lines += [
+            f"- {r['label']}, {r['measurement']}, {r['resolution']}px: "
+            f"{'OOM, ' if r['status'] == 'oom' else ''}{r['reason']}"
+            for r in skipped
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -107,7 +149,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
 def write_markdown(result: Dict[str, Any], path: Path) -> None:
     """Write ``markdown_table(result)`` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(markdown_table(result))
+    write_atomic(path, markdown_table(result).encode())
 
 
 def plot_scaling(result: Dict[str, Any], path: Path) -> None:
@@ -158,14 +200,16 @@ def plot_scaling(result: Dict[str, Any], path: Path) -> None:
     fig.suptitle(f"{describe(result['machine'])}, {result['config']['dtype']}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=120, format="png")
     plt.close(fig)
+    write_atomic(path, image.getvalue())
 
 
 def write_all(result: Dict[str, Any], out_dir: Path) -> List[Path]:
     """results.json, results.csv, results.md and scaling.png under ``out_dir``; returns the paths."""
     out_dir = Path(out_dir)
-    paths = [out_dir / name for name in ("results.json", "results.csv", "results.md", "scaling.png")]
+    paths = [out_dir / name for name in OUTPUT_NAMES]
     write_json(result, paths[0])
     write_csv(result, paths[1])
     write_markdown(result, paths[2])

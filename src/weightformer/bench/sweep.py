@@ -4,35 +4,98 @@ At each (resolution, mode) point the models are built side by side and timed in 
 repetition each per round, so that drifts in machine load hit every model alike. A point is skipped
 (and recorded with the reason) when it is predicted to exceed the per-call time budget, from the
 FLOPs of the new point and the rate the same model reached at the previous resolution, or when it
-runs out of memory.
+runs out of memory (status "oom": a measured outcome, the sweep goes on).
+
+With a journal (``points.jsonl`` in the output folder, see ``journal``), every point is appended as
+soon as it is measured, and a resumed sweep takes the points already there instead of measuring them.
 """
 
 import gc
+import math
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
 from . import memory
 from .flops import count_flops
+from .journal import Journal, Key
 from .machine import machine_info
+from .memory import is_oom
 from .timing import inference_call, iterations_for, median, round_robin, time_call, training_step
-from .variants import INFER, TRAIN, Variant, build_model, get_variant, param_count, random_batch
+from .variants import INFER, TRAIN, VARIANTS, Variant, build_model, get_variant, param_count, random_batch
 
 THROUGHPUT = {INFER: "infer_throughput", TRAIN: "train_throughput"}
 MEMORY = {INFER: "infer_memory", TRAIN: "train_memory"}
 MEASUREMENTS = ("infer", "train", "memory", "flops")
+MODES = (INFER, TRAIN)
+DTYPES = ("float32", "bfloat16", "float16")
+PATCH = 16  # every benchmarked model cuts images into 16×16 patches
+# Row statuses besides "ok": not run (over the time budget, a worker timeout), or ran out of memory.
+SKIPPED, OOM = "skipped", "oom"
+# Order of the result rows: by resolution (as configured), then measurement, then model (as configured).
+ROW_ORDER = ("infer_throughput", "train_throughput", "infer_memory", "train_memory")
 # A training step (forward, backward, optimizer) costs about three forwards.
 TRAIN_COST = 3.0
 # A memory point is one call, so it may take longer than a timed point's call.
 MEMORY_BUDGET_FACTOR = 4.0
 
 
+def check_models(models: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless ``models`` is a non-empty list of known model keys."""
+    if not models:
+        raise ValueError(f"no models given; choose from {', '.join(VARIANTS)}")
+    for key in models:
+        get_variant(key)
+
+
+def check_resolution(resolution: int) -> None:
+    """Raise ``ValueError`` unless ``resolution`` is a positive multiple of the 16-pixel patch."""
+    if resolution < PATCH or resolution % PATCH:
+        raise ValueError(f"resolution {resolution} is not a positive multiple of {PATCH} (the patch size), e.g. 224")
+
+
+def check_choices(what: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless ``values`` is a non-empty selection from ``allowed``."""
+    unknown = [v for v in values if v not in allowed]
+    if unknown or not values:
+        given = ", ".join(map(repr, unknown)) or "(none given)"
+        raise ValueError(f"unknown {what} {given}; choose from {', '.join(allowed)}")
+
+
+def check_number(what: str, value: float, minimum: float, inclusive: bool = True) -> None:
+    """Raise ``ValueError`` unless ``value`` is finite and at least (or above) ``minimum``."""
+    ok = math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
+    if not ok:
+        raise ValueError(f"{what} must be a number {'>=' if inclusive else '>'} {minimum:g}, got {value!r}")
+
+
+def check_device(device: str) -> str:
+    """``device`` if it is cpu, cuda or cuda:N with that GPU present; otherwise ``ValueError`` saying why."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked, but no CUDA GPU is visible to torch; use --device cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ValueError(f"device {device!r}: there are {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
 @dataclass
 class SweepConfig:
-    """What to measure. ``None`` for the train/memory resolutions means every resolution."""
+    """What to measure. ``None`` for the train/memory resolutions means every resolution.
+
+    Every setting is checked on creation; a bad one raises ``ValueError`` naming the allowed values.
+    """
 
     models: List[str]
     resolutions: List[int]
@@ -50,13 +113,23 @@ class SweepConfig:
     threads: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for key in self.models:
-            get_variant(key)
-        unknown = set(self.measurements) - set(MEASUREMENTS)
-        if unknown:
-            raise ValueError(f"unknown measurements {sorted(unknown)}; choose from {MEASUREMENTS}")
-        if self.repetitions < 1:
-            raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
+        check_models(self.models)
+        if not self.resolutions:
+            raise ValueError("no resolutions given; use e.g. 224,448")
+        for res in [*self.resolutions, *(self.train_resolutions or []), *(self.memory_resolutions or [])]:
+            check_resolution(res)
+        for res, batch in self.batch_sizes.items():
+            check_number(f"batch at {res}px", batch, 1)
+        check_number("default batch", self.default_batch, 1)
+        check_choices("measurements", self.measurements, MEASUREMENTS)
+        check_choices("memory modes", self.memory_modes, MODES)
+        check_number("repetitions", self.repetitions, 1)
+        check_number("min_rep_seconds", self.min_rep_seconds, 0)
+        check_number("max_call_seconds", self.max_call_seconds, 0, inclusive=False)
+        check_device(self.device)
+        check_choices("dtype", [self.dtype], DTYPES)
+        if self.threads is not None:
+            check_number("threads", self.threads, 1)
 
     def batch_for(self, resolution: int) -> int:
         return self.batch_sizes.get(resolution, self.default_batch)
@@ -65,9 +138,18 @@ class SweepConfig:
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-
-def _is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+    def settings(self) -> Dict[str, Any]:
+        """What every point depends on beyond its key: a journal measured otherwise is not resumed from."""
+        info = machine_info(self.device)
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "repetitions": self.repetitions,
+            "min_rep_seconds": self.min_rep_seconds,
+            "max_call_seconds": self.max_call_seconds,
+            "threads": torch.get_num_threads(),
+            "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")},
+        }
 
 
 def _release(device: str) -> None:
@@ -76,8 +158,12 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
-    grid = -(-resolution // 16)  # every benchmarked model has 16×16 patches
+    grid = -(-resolution // PATCH)
     row = {
         "model": variant.key,
         "label": variant.label,
@@ -109,14 +195,32 @@ def planned_flops(variant: Variant, resolution: int) -> int:
     return count_flops(model, torch.empty(1, 3, resolution, resolution, device="meta")).flops
 
 
-class Sweep:
-    """Runs a ``SweepConfig`` and collects result rows; ``run`` returns the whole result document."""
+T = TypeVar("T")
 
-    def __init__(self, config: SweepConfig, log: Callable[[str], None] = print):
+
+class Sweep:
+    """Runs a ``SweepConfig`` and collects result rows; ``run`` returns the whole result document.
+
+    With ``journal`` (a ``points.jsonl`` path) each point is appended there as it is measured; with
+    ``resume`` as well, the points already in it are taken from it instead of being measured again.
+    """
+
+    def __init__(
+        self,
+        config: SweepConfig,
+        log: Callable[[str], None] = print,
+        journal: Optional[Path] = None,
+        resume: bool = False,
+    ):
         self.config = config
         self.log = log
+        self.journal_path = journal
+        self.resume = resume
+        self.journal: Optional[Journal] = None
         self.rows: List[Dict[str, Any]] = []
         self.flops: List[Dict[str, Any]] = []
+        self.measured = 0  # points measured by this run
+        self.reused = 0  # points taken from the journal
         # (model, mode) -> FLOP/s reached at the last measured point, for predicting the next one.
         self.rates: Dict[Tuple[str, str], float] = {}
 
@@ -141,8 +245,66 @@ class Sweep:
         return None
 
     # ---------------------------------------------------------------------------------------------
+    # recording: every point goes to the rows (or FLOP table) and, at once, to the journal
+    # ---------------------------------------------------------------------------------------------
+    def _save(self, key: Key, record: Dict[str, Any]) -> None:
+        self.measured += 1
+        if self.journal is not None:
+            self.journal.append(key, record)
+
+    def _record(self, row: Dict[str, Any], rate: Optional[Tuple[str, float]] = None) -> None:
+        self.rows.append(row)
+        if rate is not None:
+            self.rates[(row["model"], rate[0])] = rate[1]
+        self._save((row["model"], row["resolution"], row["batch"], row["measurement"]), {"row": row, "rate": rate})
+
+    def _skip(self, variant: Variant, resolution: int, batch: int, measurement: str, status: str, reason: str) -> None:
+        what = "out of memory" if status == OOM else "skip"
+        self.log(f"  {what}: {variant.key} {measurement} {resolution}px: {reason}")
+        self._record(_row(variant, resolution, batch, measurement, status=status, reason=reason))
+
+    def _reuse(self, variant: Variant, resolution: int, batch: int, measurement: str) -> bool:
+        """Take the point from the journal if it is there; True if it was."""
+        entry = self.journal.get((variant.key, resolution, batch, measurement)) if self.journal else None
+        if entry is None:
+            return False
+        if "flops" in entry:
+            self.flops.append(entry["flops"])
+        else:
+            self.rows.append(entry["row"])
+            if entry.get("rate"):
+                mode, rate = entry["rate"]
+                self.rates[(variant.key, mode)] = rate
+        self.reused += 1
+        return True
+
+    def _guarded(self, fn: Callable[[], T]) -> Tuple[Optional[T], Optional[str]]:
+        """``(fn(), None)``, or ``(None, reason)`` when it ran out of memory; any other error propagates."""
+        try:
+            return fn(), None
+        except (RuntimeError, MemoryError) as error:
+            if not is_oom(error):
+                raise
+            reason = f"out of memory: {_first_line(error)}"
+        _release(self.config.device)  # outside the handler, so that the error's frames no longer hold tensors
+        return None, reason
+
+    # ---------------------------------------------------------------------------------------------
     # measurement
     # ---------------------------------------------------------------------------------------------
+    def _prepare_call(
+        self, variant: Variant, resolution: int, batch: int, mode: str
+    ) -> Tuple[Callable[[], None], float]:
+        """The point's callable (model and batch built) and the seconds of its warm-up call."""
+        cfg = self.config
+        model = build_model(variant, resolution, cfg.device)
+        images, labels = random_batch(batch, resolution, cfg.device)
+        if mode == INFER:
+            fn = inference_call(model, images, cfg.torch_dtype)
+        else:
+            fn = training_step(model, images, labels, cfg.torch_dtype)
+        return fn, time_call(fn, cfg.device)
+
     def _timed_point(self, resolution: int, mode: str, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
         cfg = self.config
         batch = cfg.batch_for(resolution)
@@ -150,116 +312,107 @@ class Sweep:
         calls: Dict[str, Callable[[], None]] = {}
         iterations: Dict[str, int] = {}
         for variant in variants:
-            reason = self._over_budget(variant, mode, plan[variant.key] * batch, cfg.max_call_seconds)
+            if self._reuse(variant, resolution, batch, measurement):
+                continue
+            status, reason = SKIPPED, self._over_budget(variant, mode, plan[variant.key] * batch, cfg.max_call_seconds)
+            prepared = None
             if reason is None:
-                try:
-                    model = build_model(variant, resolution, cfg.device)
-                    images, labels = random_batch(batch, resolution, cfg.device)
-                    if mode == INFER:
-                        fn = inference_call(model, images, cfg.torch_dtype)
-                    else:
-                        fn = training_step(model, images, labels, cfg.torch_dtype)
-                    warm = time_call(fn, cfg.device)
-                    if warm > 2 * cfg.max_call_seconds:
-                        reason = f"warm-up call took {warm:.1f} s, over twice the {cfg.max_call_seconds:g} s budget"
-                    else:
-                        calls[variant.key] = fn
-                        iterations[variant.key] = iterations_for(warm, cfg.min_rep_seconds)
-                except RuntimeError as error:
-                    if not _is_oom(error):
-                        raise
-                    reason = f"out of memory: {str(error).splitlines()[0]}"
-                    _release(cfg.device)
+                prepared, reason = self._guarded(lambda: self._prepare_call(variant, resolution, batch, mode))
+                status = OOM
+            if prepared is not None:
+                fn, warm = prepared
+                if warm > 2 * cfg.max_call_seconds:
+                    status = SKIPPED
+                    reason = f"warm-up call took {warm:.1f} s, over twice the {cfg.max_call_seconds:g} s budget"
+                else:
+                    calls[variant.key] = fn
+                    iterations[variant.key] = iterations_for(warm, cfg.min_rep_seconds)
             if reason is not None:
-                self.log(f"  skip {variant.key} {mode} {resolution}px: {reason}")
-                self.rows.append(_row(variant, resolution, batch, measurement, status="skipped", reason=reason))
+                self._skip(variant, resolution, batch, measurement, status, reason)
         samples = round_robin(calls, cfg.repetitions, cfg.device, iterations)
         for variant in variants:
             if variant.key not in calls:
                 continue
             seconds = median(samples[variant.key])
-            self.rates[(variant.key, mode)] = plan[variant.key] * batch / seconds
             self.log(f"  {variant.key:16s} {mode} {resolution}px b{batch}: {batch / seconds:8.2f} img/s")
-            self.rows.append(
-                _row(
-                    variant,
-                    resolution,
-                    batch,
-                    measurement,
-                    value=batch / seconds,
-                    unit="img/s",
-                    seconds_per_call=seconds,
-                    samples_s=samples[variant.key],
-                    iterations=iterations[variant.key],
-                )
-            )
+            fields = dict(seconds_per_call=seconds, samples_s=samples[variant.key], iterations=iterations[variant.key])
+            row = _row(variant, resolution, batch, measurement, value=batch / seconds, unit="img/s", **fields)
+            self._record(row, rate=(mode, plan[variant.key] * batch / seconds))
         calls.clear()
         _release(cfg.device)
+
+    def _count(self, variant: Variant, resolution: int, where: str) -> Dict[str, Any]:
+        model = build_model(variant, resolution, where)
+        report = count_flops(model, torch.randn(1, 3, resolution, resolution).to(where))
+        entry = {"model": variant.key, "resolution": resolution, "params": param_count(model)}
+        entry.update(report.as_dict(), counted_on=where)
+        return entry
 
     def _flops_point(self, resolution: int, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
         cfg = self.config
         for variant in variants:
             if variant.grad_checkpointing:
                 continue  # same forward as the variant without checkpointing
+            if self._reuse(variant, resolution, 1, "flops"):
+                continue
             # Counting runs one forward; past the budget, count on the meta device instead (same ops, no data).
             too_slow = self._over_budget(variant, INFER, plan[variant.key], cfg.max_call_seconds) is not None
-            where = "meta" if too_slow else cfg.device
-            model = build_model(variant, resolution, where)
-            report = count_flops(model, torch.randn(1, 3, resolution, resolution).to(where))
-            entry = {"model": variant.key, "resolution": resolution, "params": param_count(model)}
-            entry.update(report.as_dict(), counted_on=where)
+            entry, _ = (None, None) if too_slow else self._guarded(lambda: self._count(variant, resolution, cfg.device))
+            if entry is None:  # too slow, or out of memory on the device
+                entry = self._count(variant, resolution, "meta")
             self.flops.append(entry)
-            del model
+            self._save((variant.key, resolution, 1, "flops"), {"flops": entry})
             _release(cfg.device)
 
     def _memory_point(self, resolution: int, mode: str, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
         cfg = self.config
         batch = cfg.batch_for(resolution)
+        measurement = MEMORY[mode]
+        budget = MEMORY_BUDGET_FACTOR * cfg.max_call_seconds
         for variant in variants:
-            budget = MEMORY_BUDGET_FACTOR * cfg.max_call_seconds
-            reason = self._over_budget(variant, mode, plan[variant.key] * batch, budget)
+            if self._reuse(variant, resolution, batch, measurement):
+                continue
+            status, reason = SKIPPED, self._over_budget(variant, mode, plan[variant.key] * batch, budget)
             report = None
             if reason is None:
                 try:
-                    report = memory.measure(
-                        variant.key, mode, resolution, batch, cfg.device, cfg.torch_dtype, timeout_s=4 * budget + 60
+                    report, reason = self._guarded(
+                        lambda: memory.measure(
+                            variant.key, mode, resolution, batch, cfg.device, cfg.torch_dtype, timeout_s=4 * budget + 60
+                        )
                     )
+                    status = OOM
                 except subprocess.TimeoutExpired as error:
                     reason = f"memory worker ran past its {error.timeout:.0f} s timeout"
-                except RuntimeError as error:
-                    if not _is_oom(error):
-                        raise
-                    reason = f"out of memory: {str(error).splitlines()[0]}"
-                    _release(cfg.device)
             if report is None:
-                self.log(f"  skip {variant.key} {mode} memory {resolution}px: {reason}")
-                self.rows.append(_row(variant, resolution, batch, MEMORY[mode], status="skipped", reason=reason))
+                self._skip(variant, resolution, batch, measurement, status, reason or "")
                 continue
             self.log(f"  {variant.key:16s} {mode} memory {resolution}px b{batch}: {report.extra_mib:8.1f} MiB extra")
-            self.rows.append(
-                _row(
-                    variant,
-                    resolution,
-                    batch,
-                    MEMORY[mode],
-                    value=report.extra_mib,
-                    unit="MiB",
-                    peak_mib=report.peak_mib,
-                    baseline_mib=report.baseline_mib,
-                    method=report.method,
-                )
-            )
+            fields = dict(peak_mib=report.peak_mib, baseline_mib=report.baseline_mib, method=report.method)
+            row = _row(variant, resolution, batch, measurement, value=report.extra_mib, unit="MiB", **fields)
+            self._record(row)
 
     # ---------------------------------------------------------------------------------------------
     # the sweep
     # ---------------------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
-        """Measure everything in the config; return {machine, config, rows, flops, elapsed_s}."""
+        """Measure everything in the config; return {machine, config, rows, flops, elapsed_s, points_*}.
+
+        Raises ``journal.JournalMismatch`` before measuring anything if asked to resume from a journal
+        measured with other settings.
+        """
         cfg = self.config
         threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
+            if self.journal_path is not None:
+                self.journal = Journal(self.journal_path, cfg.settings(), resume=self.resume)
+                if self.journal.entries:
+                    self.log(f"resuming: {len(self.journal.entries)} point(s) already in {self.journal_path}")
+                elif self.journal.discarded:
+                    self.log(f"starting afresh: {self.journal.discarded} point(s) of an earlier run in "
+                             f"{self.journal_path} discarded (--resume keeps them)")
             return self._run()
         finally:
             torch.set_num_threads(threads)
@@ -282,12 +435,20 @@ class Sweep:
             if "memory" in cfg.measurements and resolution in memory_res:
                 for mode in cfg.memory_modes:
                     self._memory_point(resolution, mode, [v for v in variants if mode in v.modes], plan)
+        # One order whichever points came from the journal: resolution, measurement, model, as configured.
+        self.rows.sort(
+            key=lambda r: (
+                cfg.resolutions.index(r["resolution"]), ROW_ORDER.index(r["measurement"]), cfg.models.index(r["model"])
+            )
+        )
         attach_ratios(self.rows)
         attach_flops(self.rows, self.flops)
         return {
             "machine": machine_info(cfg.device),
             "config": asdict(cfg),
             "elapsed_s": round(time.perf_counter() - start, 1),
+            "points_measured": self.measured,
+            "points_reused": self.reused,
             "rows": self.rows,
             "flops": self.flops,
         }

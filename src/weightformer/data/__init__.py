@@ -12,7 +12,7 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
-from .builtin import BUILTIN_DATASETS, ArrayImageDataset, BuiltinSpec, load_builtin
+from .builtin import BUILTIN_DATASETS, ArrayImageDataset, BuiltinNameWarning, BuiltinSpec, load_builtin
 from .errors import DataError
 from .folder import ImageFolderDataset, SkippedImagesWarning, load_image_folder
 from .sampler import ResumableSampler
@@ -21,6 +21,7 @@ from .transforms import SeededTransformDataset, build_transforms, precompute, se
 __all__ = [
     "BUILTIN_DATASETS",
     "ArrayImageDataset",
+    "BuiltinNameWarning",
     "BuiltinSpec",
     "DataError",
     "DataInfo",
@@ -66,10 +67,10 @@ def open_dataset(
     """Open ``data`` (a built-in name such as ``"mnist"`` or an ImageFolder path) without transforms.
 
     Returns its :class:`DataInfo` and ``{split: dataset}``. ``verify`` and ``warn`` are passed to
-    :func:`load_image_folder`.
+    :func:`load_image_folder` (``warn`` also to :func:`load_builtin`).
     """
     if data in BUILTIN_DATASETS:
-        spec, builtin_splits = load_builtin(data)
+        spec, builtin_splits = load_builtin(data, warn=warn)
         info = DataInfo(
             name=data,
             num_classes=spec.num_classes,

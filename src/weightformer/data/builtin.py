@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Optional
@@ -16,7 +18,11 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 
-__all__ = ["BUILTIN_DATASETS", "BuiltinSpec", "ArrayImageDataset", "load_builtin"]
+__all__ = ["BUILTIN_DATASETS", "BuiltinSpec", "ArrayImageDataset", "BuiltinNameWarning", "load_builtin"]
+
+
+class BuiltinNameWarning(UserWarning):
+    """``--data`` names a built-in data set and a folder of that name exists too: the built-in one is used."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = {
             batch_size=128,
             lr=8e-3,
             warmup_epochs=1,
-            min_lr=1e-5,
+            min_lr=4e-5,  # like lr, per total batch of 512: 1e-5 at batch 128
+            warmup_lr=4e-6,  # 1e-6 at batch 128
             train_scale=(0.8, 1.0),
             hflip=0.0,
             color_jitter=0.0,
@@ -91,10 +98,20 @@ class ArrayImageDataset(Dataset):
         return img, int(self.labels[index])
 
 
-def load_builtin(name: str) -> tuple[BuiltinSpec, dict[str, ArrayImageDataset]]:
-    """Load a bundled data set: its spec and ``{"train": ..., "val": ...}`` without transforms."""
+def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, ArrayImageDataset]]:
+    """Load a bundled data set: its spec and ``{"train": ..., "val": ...}`` without transforms.
+
+    With ``warn``, a folder named ``name`` in the working directory, which the name does not
+    reach, is pointed out in one :class:`BuiltinNameWarning`.
+    """
     if name not in BUILTIN_DATASETS:
         raise DataError(f"unknown built-in data set {name!r}; choose one of {sorted(BUILTIN_DATASETS)}")
+    if warn and os.path.isdir(name):
+        warnings.warn(
+            f"using the built-in {name} data set, not the folder ./{name}; pass --data ./{name} to use the folder",
+            BuiltinNameWarning,
+            stacklevel=2,
+        )
     spec = BUILTIN_DATASETS[name]
     with resources.as_file(resources.files("weightformer.data") / spec.file) as path:
         if not path.is_file():

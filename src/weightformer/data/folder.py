@@ -1,28 +1,41 @@
 """ImageFolder trees in ImageNet layout (``train/<class>/*.jpg``, ``val/<class>/*.jpg``).
 
-Files that cannot be opened as images are skipped when the tree is scanned, counted, and reported
-in one warning with their paths. A file that opens but fails to decode later (a truncated JPEG)
-is replaced by the next readable sample, with a warning, so a long run does not die on one file.
+Scanning a split lists its class folders and their image files, following symlinks (to images or
+to folders elsewhere) but refusing symlink loops. With ``verify``, files that cannot be opened as
+images are left out of the split, counted, and reported in one warning line; their paths are on
+:attr:`FolderSpec.skipped`. A file that fails to load later (verification off, a JPEG damaged past
+its header, a file changed after the scan) raises :class:`DataError` naming it: no other image is
+served in its place, so evaluation never counts an image twice or drops one silently.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
+from tqdm import tqdm
 
 from .errors import DataError
 
 __all__ = ["FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "load_image_folder", "scan_split"]
 
 SPLITS = ("train", "val")
+# Pillow's modes for 16-bit samples: 16-bit grayscale PNG and TIFF open as I;16, 16-bit PGM as I.
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+# What PIL raises for a file it cannot decode (OSError covers a missing file and UnidentifiedImageError).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+SKIPPED_SHOWN = 3  # unreadable paths named in the warning line; all of them are on FolderSpec.skipped
+VERIFY_CHUNK = 256  # files per verification task
+PROGRESS_DELAY_S = 1.0  # progress bars appear only for scans that take longer than this
 
 
 class SkippedImagesWarning(UserWarning):
@@ -35,7 +48,7 @@ class FolderSpec:
 
     root: str
     classes: tuple[str, ...]
-    skipped: tuple[str, ...]  # paths of unreadable files, both splits
+    skipped: tuple[str, ...]  # paths of unreadable files left out, in split order
 
     @property
     def num_classes(self) -> int:
@@ -52,74 +65,156 @@ def _is_readable_image(path: str) -> bool:
         return False
 
 
+def _readable_flags(paths: list[str]) -> list[bool]:
+    """:func:`_is_readable_image` for each path: one thread-pool task per chunk of files."""
+    return [_is_readable_image(path) for path in paths]
+
+
 def rgb_loader(path: str) -> Image.Image:
-    """Read an image file as RGB."""
+    """Read an image file as 8-bit RGB; 16-bit grayscale is scaled to 8 bits (x / 257), not clipped."""
     with open(path, "rb") as f:
-        return Image.open(f).convert("RGB")
+        img = Image.open(f)
+        if img.mode in SIXTEEN_BIT_MODES:
+            pixels = np.clip(np.asarray(img), 0, 65535).astype(np.uint32)
+            img = Image.fromarray(((pixels + 128) // 257).astype(np.uint8))  # round(x / 257): 65535 -> 255
+        return img.convert("RGB")
 
 
-def scan_split(split_dir: Path, verify: bool = True) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+def _progress(show: bool, **kwargs: Any) -> tqdm:
+    """A tqdm bar on a terminal (stderr), shown only if the work outlasts PROGRESS_DELAY_S."""
+    return tqdm(disable=None if show else True, delay=PROGRESS_DELAY_S, dynamic_ncols=True, leave=False, **kwargs)
+
+
+def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
+    """The entries of ``folder``, sorted by name; a folder that cannot be listed is a :class:`DataError`."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda entry: entry.name)
+    except OSError as exc:
+        raise DataError(
+            f"cannot list {folder} ({exc.strerror or exc}); make it readable or remove it from {split_dir.parent}"
+        ) from None
+
+
+def _list_images(class_dir: Path, split_dir: Path) -> list[str]:
+    """Image files under ``class_dir``, sorted by folder then name, following symlinks but not loops.
+
+    A symlink that leads to a folder on the way down to it (itself, a parent, the split, the
+    tree's root) is a loop: following it would list the same images again and again, so it is
+    reported as a :class:`DataError`. Two links to one folder elsewhere are followed both times.
+    """
+    found: list[tuple[str, list[str]]] = []
+
+    def walk(dirpath: str, chain: list[str]) -> None:  # chain: real paths of the folders on the way down
+        entries = _entries(dirpath, split_dir)
+        found.append((dirpath, [e.name for e in entries if not e.is_dir() and e.name.lower().endswith(IMG_EXTENSIONS)]))
+        for entry in entries:
+            if not entry.is_dir():
+                continue
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if any(os.path.join(real, "").startswith(os.path.join(target, "")) for real in chain):
+                    raise DataError(
+                        f"symlink loop in {split_dir}: {entry.path} -> {target} leads back to a folder it is in; "
+                        f"remove the link or point it at a folder outside the path to it"
+                    )
+            else:
+                target = os.path.join(chain[-1], entry.name)
+            walk(entry.path, chain + [target])
+
+    walk(str(class_dir), [os.path.realpath(class_dir)])
+    return [os.path.join(dirpath, name) for dirpath, names in sorted(found) for name in names]
+
+
+def scan_split(
+    split_dir: Path, verify: bool = True, progress: bool = False
+) -> tuple[list[str], list[tuple[str, int]], list[str]]:
     """List one split: (class names, [(path, class index)], unreadable paths).
 
     Classes are the sorted subfolder names; files are kept if their extension is an image one
-    (``.jpg``, ``.png``, ...) and, with ``verify``, if PIL can open them.
+    (``.jpg``, ``.png``, ...) and, with ``verify``, if PIL can open them. Every class must keep
+    at least one image. ``progress`` shows tqdm bars on a terminal for a scan that takes a while.
     """
     if not split_dir.is_dir():
-        raise DataError(
-            f"{split_dir} is not a folder; --data needs an ImageFolder tree with train/ and val/ "
-            f"holding one subfolder per class"
-        )
-    classes = sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir() and not entry.name.startswith("."))
+        root = split_dir.parent
+        if root.name in SPLITS and (root.parent / split_dir.name).is_dir():
+            fix = f"--data {root} is the {root.name}/ split itself: pass its parent {root.parent}"
+        else:
+            fix = "--data needs an ImageFolder tree with train/ and val/ holding one subfolder per class"
+        kind = "a file, not a folder" if split_dir.exists() else "not a folder"
+        raise DataError(f"{split_dir} is {kind}; {fix}")
+    entries = _entries(split_dir, split_dir)
+    classes = [entry.name for entry in entries if entry.is_dir() and not entry.name.startswith(".")]
     if not classes:
         raise DataError(f"{split_dir} has no class subfolders; put each class's images in {split_dir}/<class>/")
-    candidates: list[tuple[str, int]] = []
-    for index, name in enumerate(classes):
-        for dirpath, _, filenames in sorted(os.walk(split_dir / name, followlinks=True)):
-            for filename in sorted(filenames):
-                if filename.lower().endswith(IMG_EXTENSIONS):
-                    candidates.append((os.path.join(dirpath, filename), index))
+    per_class: list[list[str]] = []
+    with _progress(progress, total=len(classes), desc=f"listing {split_dir.name}/", unit="class") as bar:
+        for name in classes:
+            per_class.append(_list_images(split_dir / name, split_dir))
+            bar.update(1)
+    candidates = [(path, index) for index, paths in enumerate(per_class) for path in paths]
+    paths = [path for path, _ in candidates]
+    readable = [True] * len(candidates)
     if verify and candidates:
-        with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
-            readable = list(pool.map(_is_readable_image, (path for path, _ in candidates), chunksize=64))
-    else:
-        readable = [True] * len(candidates)
+        chunks = [paths[i : i + VERIFY_CHUNK] for i in range(0, len(paths), VERIFY_CHUNK)]
+        readable = []
+        with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool, _progress(
+            progress, total=len(paths), desc=f"checking {split_dir.name}/ images", unit="img"
+        ) as bar:
+            for flags in pool.map(_readable_flags, chunks):
+                readable.extend(flags)
+                bar.update(len(flags))
     samples = [sample for sample, ok in zip(candidates, readable) if ok]
-    skipped = [path for (path, _), ok in zip(candidates, readable) if not ok]
-    if not samples:
+    skipped = [path for path, ok in zip(paths, readable) if not ok]
+    kept = np.bincount([index for _, index in samples], minlength=len(classes))
+    empty = [name for name, count in zip(classes, kept) if count == 0]
+    if empty:
+        names = ", ".join(empty[:SKIPPED_SHOWN]) + (", ..." if len(empty) > SKIPPED_SHOWN else "")
+        others = f" ({len(empty)} class folders have none: {names})" if len(empty) > 1 else ""
+        unreadable = f"; {len(skipped)} unreadable file(s) in {split_dir} were left out" if skipped else ""
         raise DataError(
-            f"{split_dir} holds no readable images (extensions {', '.join(IMG_EXTENSIONS)}); check the path"
+            f"{split_dir / empty[0]} holds no readable images{others}{unreadable}; put images in it "
+            f"(extensions {', '.join(IMG_EXTENSIONS)}) or remove the class folder from train/ and val/"
         )
     return classes, samples, skipped
 
 
 class ImageFolderDataset(Dataset):
-    """(image, class index) pairs from a scanned split, through an optional transform."""
+    """(image, class index) pairs from a scanned split, through an optional transform.
+
+    ``verified`` says whether the scan opened every file (it only changes the advice given when
+    a file fails to load).
+    """
 
     def __init__(
         self,
         samples: list[tuple[str, int]],
         transform: Optional[Callable] = None,
         loader: Callable[[str], Any] = rgb_loader,
+        verified: bool = True,
     ):
         self.samples = samples
         self.transform = transform
         self.loader = loader
+        self.verified = verified
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        for offset in range(len(self.samples)):
-            path, target = self.samples[(index + offset) % len(self.samples)]
-            try:
-                img = self.loader(path)
-            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-                warnings.warn(f"skipped unreadable image {path} ({exc}); using the next one", SkippedImagesWarning)
-                continue
-            if self.transform is not None:
-                img = self.transform(img)
-            return img, target
-        raise DataError("no image in the data set could be read")
+        path, target = self.samples[index]
+        try:
+            img = self.loader(path)
+        except DECODE_ERRORS as exc:
+            if self.verified:
+                fix = "it opened when the data was scanned, so it is damaged past its header or changed since"
+                fix += ": replace or remove it"
+            else:
+                fix = "remove it, or turn image verification back on (verify_images=true) to leave unreadable files out"
+            raise DataError(f"cannot read image {path} ({type(exc).__name__}: {exc}); {fix}") from exc
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, target
 
 
 def load_image_folder(
@@ -130,8 +225,10 @@ def load_image_folder(
 ) -> tuple[FolderSpec, dict[str, ImageFolderDataset]]:
     """Scan ``root/<split>`` for each split: the tree's spec and ``{split: dataset}``.
 
-    Raises :class:`DataError` for a missing or empty tree or when the splits' classes differ.
-    With ``warn``, unreadable files are reported in one :class:`SkippedImagesWarning`.
+    Raises :class:`DataError` for a missing or empty tree, a class folder without images, a
+    symlink loop, or splits whose classes differ. ``warn`` is for the process that reports (rank
+    0): unreadable files are reported in one :class:`SkippedImagesWarning` line, and a long scan
+    shows progress on a terminal.
     """
     root_path = Path(root).expanduser()
     if not root_path.exists():
@@ -141,7 +238,7 @@ def load_image_folder(
         )
     if not root_path.is_dir():
         raise DataError(f"--data {root_path} is a file, not a folder; pass the folder that holds train/ and val/")
-    scanned = {split: scan_split(root_path / split, verify) for split in splits}
+    scanned = {split: scan_split(root_path / split, verify, progress=warn) for split in splits}
     first, *others = splits
     for other in others:
         a, b = scanned[first][0], scanned[other][0]
@@ -153,11 +250,14 @@ def load_image_folder(
             )
     skipped = [path for split in splits for path in scanned[split][2]]
     if skipped and warn:
-        listing = "\n  ".join(skipped)
+        counts = ", ".join(f"{len(scanned[split][2])} in {split}/" for split in splits if scanned[split][2])
+        more = len(skipped) - SKIPPED_SHOWN
+        shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (f" and {more} more" if more > 0 else "")
         warnings.warn(
-            f"skipped {len(skipped)} unreadable image file(s) in {root_path}; training continues without them:\n  {listing}",
+            f"skipped {len(skipped)} unreadable image file(s) in {root_path} ({counts}), left out of the data: "
+            f"{shown}; replace them to use them",
             SkippedImagesWarning,
             stacklevel=2,
         )
     spec = FolderSpec(root=str(root_path.resolve()), classes=tuple(scanned[first][0]), skipped=tuple(skipped))
-    return spec, {split: ImageFolderDataset(scanned[split][1]) for split in splits}
+    return spec, {split: ImageFolderDataset(scanned[split][1], verified=verify) for split in splits}

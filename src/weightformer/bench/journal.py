@@ -1,0 +1,120 @@
+"""The sweep's journal: each point appended to ``points.jsonl`` as soon as it is measured.
+
+A sweep whose process is killed (the out-of-memory killer, a time limit, Ctrl-C) keeps every point
+measured before the kill; ``weightformer bench --resume`` reads them back and measures only the rest.
+
+The first line is a header holding the settings every point depends on beyond its own key (device,
+dtype, timing settings, threads, machine and library versions); each further line is one point:
+its key (model, resolution, batch, measurement) and what was measured. A resumed sweep whose
+settings differ from the header's is refused, so results measured two ways are never mixed.
+
+Lines are appended with one write each and flushed to disk; a kill in the middle of a write leaves
+at most a partial last line, which reading drops (and cuts from the file) so the point is measured again.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+JOURNAL_NAME = "points.jsonl"
+FORMAT = "weightformer bench points, version 1"
+
+Key = Tuple[str, int, int, str]  # model, resolution, batch, measurement
+
+
+class JournalMismatch(ValueError):
+    """A journal to resume from was measured with other settings (or is not a journal at all)."""
+
+
+def _differences(old: Dict[str, Any], new: Dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if isinstance(a, dict) and isinstance(b, dict):
+            yield from _differences(a, b, f"{prefix}{name}.")
+        elif a != b:
+            yield f"{prefix}{name} {a!r} there, {b!r} now"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one step: a temporary file beside it, flushed, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class Journal:
+    """Append-only record of a sweep's points; ``entries`` maps each point's key to what was recorded."""
+
+    def __init__(self, path: Path, settings: Dict[str, Any], resume: bool = False):
+        self.path = Path(path)
+        self.settings = settings
+        self.entries: Dict[Key, Dict[str, Any]] = {}
+        self.discarded = 0  # points of an earlier run thrown away because this one starts afresh
+        if resume and self.path.exists():
+            self._load()
+        else:
+            if self.path.exists():
+                self.discarded = max(0, len(self.path.read_bytes().splitlines()) - 1)
+            header = {"format": FORMAT, "settings": settings}
+            write_atomic(self.path, (json.dumps(header) + "\n").encode())
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        good = 0  # bytes up to the end of the last complete, readable line
+        lines = data.split(b"\n")
+        for number, line in enumerate(lines[:-1]):  # the piece after the last newline is never complete
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number == len(lines) - 2:
+                    break  # a line cut short by a kill: drop it, its point is measured again
+                raise JournalMismatch(f"{self.path} line {number + 1} is not JSON; move the file away to start afresh")
+            if number == 0:
+                self._check_header(record)
+            else:
+                self.entries[tuple(record["key"])] = record
+            good += len(line) + 1
+        if good == 0:
+            raise JournalMismatch(f"{self.path} has no header line; move the file away to start afresh")
+        if good < len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(good)
+
+    def _check_header(self, header: Any) -> None:
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise JournalMismatch(
+                f"{self.path} is not a journal of weightformer bench; move it away or use another --out"
+            )
+        changed = list(_differences(header.get("settings", {}), self.settings))
+        if changed:
+            raise JournalMismatch(
+                f"cannot resume from {self.path}: its points were measured with other settings "
+                f"({'; '.join(changed)}); rerun with the same settings, or without --resume to start afresh"
+            )
+
+    def get(self, key: Key) -> Optional[Dict[str, Any]]:
+        """What was recorded for ``key``, or None if it is still to be measured."""
+        return self.entries.get(key)
+
+    def append(self, key: Key, record: Dict[str, Any]) -> None:
+        """Record one point: one line, one write, flushed to disk before returning."""
+        entry = {"key": list(key), **record}
+        line = (json.dumps(entry) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            written = os.write(fd, line)
+            while written < len(line):  # a short write (rare on local files): finish the line
+                written += os.write(fd, line[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.entries[key] = entry
