@@ -46,7 +46,7 @@ from .metrics import Progress, append_metrics, format_duration, plot_curves, tru
 from .run_dir import check_run_folder, start_run_folder
 from .signals import StopFlag
 from .state import (
-    build_model, capture_rng, check_input_size, is_training_checkpoint, load_model_state, load_weights, read_checkpoint, restore_rng,
+    build_model, capture_rng, check_input_size, is_training_checkpoint, load_weights, read_checkpoint, restore_rng,
 )
 
 __all__ = ["StopFlag", "TrainResult", "prepare_config", "train"]
@@ -382,7 +382,7 @@ def restore(ckpt: Mapping[str, Any], source: str, training: Training, data: Trai
         raise CheckpointError(f"{source} is a {old['model']} checkpoint, this run builds {training.meta['model']}; "
                               f"pass --model {old['model']} or a new --output")
     _check_same_data(old, data.info, source)
-    load_model_state(training.model, ckpt["model"], source=source)
+    load_weights(training.model, ckpt, source=source)
     training.optimizer.load_state_dict(ckpt["optimizer"])
     training.scheduler.load_state_dict(ckpt["scheduler"])
     training.scaler.load_state_dict(ckpt["scaler"])
