@@ -16,6 +16,9 @@ def release_state_dict(dim: int = 192, depth: int = 17, num_classes: int = 1000,
     """Random weights under the release's key names (dynamic blocks at i with (i + 2) % 3 == 0).
 
     Values are drawn at a scale that makes every branch matter, so a mis-mapped key changes logits.
+    The predictors' weights are drawn small enough that the predicted updates have norms of about
+    0.1 to 3 before the normalisation Δ/(‖Δ‖+1): far from saturating (‖Δ‖ ≫ 1, where Δ/(‖Δ‖+1) no
+    longer depends on the C^-1/2/N scale), so an error in that scale changes the logits too.
     """
     g = torch.Generator().manual_seed(seed)
     hidden = int(dim * mlp_ratio)
@@ -44,15 +47,15 @@ def release_state_dict(dim: int = 192, depth: int = 17, num_classes: int = 1000,
             sd[p + "norm1.bias"] = rnd(dim)
             sd[p + "linear1.w"] = rnd(dim, hidden)  # (in, out)
             sd[p + "linear1.b"] = rnd(hidden)
-            sd[p + "linear1.wfm.weight"] = rnd(dim // 4 + hidden // 4, dim, std=0.5)
-            sd[p + "linear1.wfm.bias"] = rnd(dim // 4 + hidden // 4, std=0.5)
-            sd[p + "linear1.w1"] = rnd(dim // 4, dim, std=1.0)
-            sd[p + "linear1.w2"] = rnd(hidden // 4, hidden, std=1.0)
+            sd[p + "linear1.wfm.weight"] = rnd(dim // 4 + hidden // 4, dim, std=0.25)
+            sd[p + "linear1.wfm.bias"] = rnd(dim // 4 + hidden // 4, std=0.25)
+            sd[p + "linear1.w1"] = rnd(dim // 4, dim, std=0.15)
+            sd[p + "linear1.w2"] = rnd(hidden // 4, hidden, std=0.15)
             sd[p + "dwc.w"] = rnd(dim, 1, 3, 3)
             sd[p + "dwc.b"] = rnd(dim)
-            sd[p + "dwc.wfm.0.weight"] = rnd(dim, dim, 1, 1, std=0.5)
-            sd[p + "dwc.wfm.0.bias"] = rnd(dim, std=0.5)
-            sd[p + "dwc.wfm.2.weight"] = rnd(dim, dim, 1, 1, std=0.5)
+            sd[p + "dwc.wfm.0.weight"] = rnd(dim, dim, 1, 1, std=0.06)
+            sd[p + "dwc.wfm.0.bias"] = rnd(dim, std=0.06)
+            sd[p + "dwc.wfm.2.weight"] = rnd(dim, dim, 1, 1, std=0.06)
         else:
             sd[p + "linear1.weight"] = rnd(hidden, dim)
             sd[p + "linear1.bias"] = rnd(hidden)
@@ -62,9 +65,19 @@ def release_state_dict(dim: int = 192, depth: int = 17, num_classes: int = 1000,
 
 
 def release_forward(sd: dict[str, Tensor], images: Tensor, depth: int = 17) -> Tensor:
-    """Logits of the released network for square images whose token grid has an even side."""
+    """Logits of the released network, at every input size it accepts.
+
+    The release's facts at other sizes: its timm 0.4.12 ``PatchEmbed`` checks the input against its
+    configured square size and its stride-16 convolution drops the pixels past the last whole patch
+    (232 px give 14×14 tokens); the blocks take the grid side as int(√N), so the grid must be
+    square; the dynamic linear layer pools with ``AvgPool2d(2)``, which floors an odd side (its last
+    row and column are not pooled) and fails on a side of 1; its scale divides by the full token
+    count N = H·W, not the pooled count; the dynamic conv pools adaptively to 3×3, any size.
+    """
     x = F.conv2d(images, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=16)
     B, C, H, W = x.shape
+    if H != W or H < 2:
+        raise ValueError(f"the release does not run a {H}×{W} token grid (square, side >= 2 only)")
     x = x.flatten(2).transpose(1, 2)  # (B, N, C)
     x = F.layer_norm(x, (C,), sd["init_norm.weight"], sd["init_norm.bias"], EPS)
     N = H * W

@@ -1,5 +1,7 @@
 """Dynamic layers: formulas, fast path == paper pseudocode, shapes, and attention as a dynamic MLP."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ from weightformer.layers import (
     attention_as_mlp,
     pool_2x2,
 )
+from layer_formulas import dwconv_layer, dwconv_update, linear_layer, linear_update
 
 
 def _randomise(module: torch.nn.Module, seed: int = 0, std: float = 0.3) -> None:
@@ -24,6 +27,44 @@ def _randomise(module: torch.nn.Module, seed: int = 0, std: float = 0.3) -> None
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
+
+
+# Standard deviations of the predictors' weights that give updates of norm about 0.1 to 10 before
+# the normalisation Δ/(‖Δ‖+1), so the tests see its scale: at ‖Δ‖ ≫ 1 it would hide the C^-1/2/N
+# factor and the eps (the tests assert the range they run in).
+LINEAR_STD = {"bilateral": 0.8, "deep": 0.7, "gap": 0.8, "linear": 0.7, "nonlinear": 0.8}
+DWCONV_STD = {"adaptive": 0.4, "amp_dir": 0.8, "conv": 0.35, "gap": 0.8}
+# Even, odd, non-square, and 1-wide grids; the release itself runs only the square ones from 2×2.
+GRIDS = [(4, 4), (7, 9), (13, 13), (2, 3), (1, 6), (5, 1), (1, 1)]
+
+
+def _realistic(module: torch.nn.Module, predictor_std: float, seed: int = 0) -> dict:
+    """float64, predictor weights of std ``predictor_std``, static weights of std 0.3; returns the state dict."""
+    module.double()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            std = predictor_std if name.startswith("predictor.") else 0.3
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+    return module.state_dict()
+
+
+def _assert_layer_is_formula(layer, implementation: str, input_shape, formula, update_norms) -> None:
+    """layer(x) == formula(x) in float64 on every grid of GRIDS, in an unsaturated regime.
+
+    ``input_shape(grid)`` gives x's shape; ``update_norms(x)`` the norms of the predicted updates
+    before the normalisation, whose median must lie in (0.1, 10).
+    """
+    layer.use_reference = implementation == "reference"
+    g = torch.Generator().manual_seed(1)
+    norms = []
+    with torch.no_grad():
+        for grid in GRIDS:
+            x = torch.randn(input_shape(grid), generator=g, dtype=torch.double)
+            torch.testing.assert_close(layer(x), formula(x), rtol=1e-10, atol=1e-10)
+            norms.append(update_norms(x).flatten())
+    median = torch.cat(norms).median().item()
+    assert 0.1 < median < 10, f"update norms (median {median:.3g}) saturate or vanish: rescale the predictor weights"
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 16, 8), (1, 2, 1, 8), (3, 1, 33, 16)])
@@ -40,19 +81,21 @@ def test_attention_as_mlp_cross_attention_shapes():
     torch.testing.assert_close(attention_as_mlp(q, k, v), F.scaled_dot_product_attention(q, k, v))
 
 
-def test_pool_2x2_matches_avgpool_on_even_grids():
-    x = torch.randn(2, 6, 10, 5)  # (B, H, W, C)
-    expected = F.avg_pool2d(x.permute(0, 3, 1, 2), 2).flatten(2).transpose(1, 2)
+@pytest.mark.parametrize("grid", [(6, 10), (7, 7), (13, 13), (3, 8), (2, 5)])
+def test_pool_2x2_is_the_release_avgpool(grid):
+    """Floors like the release's AvgPool2d(2): an odd side's last row or column is not pooled."""
+    x = torch.randn(2, *grid, 5)  # (B, H, W, C)
+    expected = torch.nn.AvgPool2d(2)(x.permute(0, 3, 1, 2)).flatten(2).transpose(1, 2)
     torch.testing.assert_close(pool_2x2(x), expected)
 
 
-@pytest.mark.parametrize("grid", [(1, 1), (3, 5), (7, 7), (1, 9)])
-def test_pool_2x2_odd_grids_cover_every_token(grid):
-    x = torch.zeros(1, *grid, 4)
-    x[:, -1, -1] = 1.0  # the last token must reach the pooled output
-    pooled = pool_2x2(x)
-    assert pooled.shape == (1, ((grid[0] + 1) // 2) * ((grid[1] + 1) // 2), 4)
-    assert pooled.sum() > 0
+def test_pool_2x2_keeps_a_side_of_one():
+    """Where the release cannot pool (a side of 1), that side is kept: a window of 1 along it."""
+    x = torch.arange(5.0).reshape(1, 1, 5, 1)  # (B, 1, 5, C): pairs along W, the 5th token left out
+    torch.testing.assert_close(pool_2x2(x), torch.tensor([[[0.5], [2.5]]]))
+    torch.testing.assert_close(pool_2x2(x.transpose(1, 2)), torch.tensor([[[0.5], [2.5]]]))
+    one = torch.randn(3, 1, 1, 4)
+    torch.testing.assert_close(pool_2x2(one), one.reshape(3, 1, 4))
 
 
 @pytest.mark.parametrize("grid", [(14, 14), (7, 9), (1, 1), (2, 3)])
@@ -67,44 +110,76 @@ def test_dynamic_linear_fast_equals_reference(grid):
     assert _rel_err(fast, ref) <= 1e-5
 
 
-def test_dynamic_linear_formula_by_hand():
-    """ΔW = Aᵀ·B·in^-0.5/N with A, B from SiLU'd pooled projections, then column-normalised."""
-    layer = DynamicLinear(8, 12)
-    _randomise(layer, seed=3)
-    x = torch.randn(1, 4, 4, 8)
-    p = layer.predictor
-    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2).flatten(2).transpose(1, 2)[0]  # (4, 8)
-    proj = pooled @ p.proj.weight.T + p.proj.bias
-    a = F.silu(proj[:, :2]) @ p.in_basis  # (4, 8)
-    b = F.silu(proj[:, 2:]) @ p.out_basis  # (4, 12)
-    delta = a.T @ b * 8**-0.5 / 16
-    delta = delta / (delta.norm(dim=0, keepdim=True) + 1)
-    expected = x[0].reshape(16, 8) @ (layer.weight.T + delta) + layer.bias
-    torch.testing.assert_close(layer(x)[0].reshape(16, 12), expected, rtol=1e-5, atol=1e-5)
-
-
-def test_dynamic_linear_update_columns_are_shorter_than_one():
-    layer = DynamicLinear(8, 8)
-    _randomise(layer, std=5.0)
-    x = torch.randn(2, 4, 4, 8) * 10
-    with torch.no_grad():
-        delta = layer.predictor(x)
-        delta = delta / (delta.norm(dim=-1, keepdim=True) + 1)  # ΔWᵀ: a row per output column
-    assert (delta.norm(dim=-1) < 1).all()
-
-
+@pytest.mark.parametrize("implementation", ["fast", "reference"])
 @pytest.mark.parametrize("predictor", sorted(LINEAR_PREDICTORS))
-def test_dynamic_linear_predictors_run_and_train(predictor):
+def test_dynamic_linear_matches_its_formula(predictor, implementation):
     layer = DynamicLinear(16, 32, predictor=predictor)
-    _randomise(layer)
-    x = torch.randn(2, 5, 6, 16, requires_grad=True)
+    sd = _realistic(layer, LINEAR_STD[predictor])
+    _assert_layer_is_formula(
+        layer,
+        implementation,
+        lambda grid: (2, *grid, 16),
+        lambda x: linear_layer(predictor, sd, x),
+        lambda x: linear_update(predictor, sd, x).norm(dim=1),  # (B, O): one norm per output column
+    )
+
+
+@pytest.mark.parametrize("predictor_std", [0.8, 5.0])  # updates of norm about 1, and about 10^4
+def test_dynamic_linear_normalises_each_update_column(predictor_std):
+    """The layer's own normalisation: its effective weight, read back from its output, is W + ΔW/(‖ΔW‖+1)."""
+    layer = DynamicLinear(8, 12)
+    sd = _realistic(layer, predictor_std, seed=3)
+    x = torch.randn(1, 4, 4, 8, generator=torch.Generator().manual_seed(4), dtype=torch.double)
+    with torch.no_grad():
+        out = layer(x) - sd["bias"]  # (1, 4, 4, 12)
+    # 16 tokens of 8 features: the effective weight (8, 12) is the exact least-squares solution.
+    weight = torch.linalg.lstsq(x.reshape(16, 8), out.reshape(16, 12)).solution  # (C, O)
+    update_norms = (weight - sd["weight"].T).norm(dim=0)  # ‖ΔŴ‖ per output column
+    delta_norms = linear_update("bilateral", sd, x)[0].norm(dim=0)
+    torch.testing.assert_close(update_norms, delta_norms / (delta_norms + 1), rtol=1e-8, atol=1e-10)
+    assert (update_norms < 1).all()
+
+
+# Every predictor of both layers, each with an input of mixed odd and even sides.
+EVERY_PREDICTOR = [("linear", p) for p in sorted(LINEAR_PREDICTORS)]
+EVERY_PREDICTOR += [("dwconv", p) for p in sorted(DWCONV_PREDICTORS)]
+
+
+def _layer_and_input(kind: str, predictor: str, std: float = 0.3) -> tuple:
+    if kind == "linear":
+        layer, x = DynamicLinear(16, 32, predictor=predictor), torch.randn(2, 5, 6, 16)  # -> (2, 5, 6, 32)
+    else:
+        layer, x = DynamicDWConv(8, 5, predictor=predictor), torch.randn(2, 8, 7, 5)  # -> (2, 8, 7, 5)
+    _randomise(layer, std=std)
+    return layer, x
+
+
+@pytest.mark.parametrize("kind, predictor", EVERY_PREDICTOR)
+def test_predictors_run_and_train(kind, predictor):
+    layer, x = _layer_and_input(kind, predictor)
+    x.requires_grad_(True)
     y = layer(x)
-    assert y.shape == (2, 5, 6, 32)
+    assert y.shape == ((2, 5, 6, 32) if kind == "linear" else x.shape)
     y.square().mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
     # the prediction depends on the input: a different sample gives a different weight
     with torch.no_grad():
         assert not torch.allclose(layer.predictor(x[:1]), layer.predictor(x[1:]))
+
+
+# bf16 keeps 8 significant bits (a relative step of 2^-8 ≈ 0.4%): a layer's output must stay within
+# 1% of float32's (relative L2 error; measured 0.3-0.4% for every predictor).
+@pytest.mark.parametrize("kind, predictor", EVERY_PREDICTOR)
+def test_bf16_matches_float32(kind, predictor):
+    layer, x = _layer_and_input(kind, predictor, std=0.1)
+    with torch.no_grad():
+        expected = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = layer(x)
+        weights_bf16 = copy.deepcopy(layer).to(torch.bfloat16)(x.to(torch.bfloat16))
+    for out in (autocast, weights_bf16):
+        assert out.dtype == torch.bfloat16
+        assert _rel_err(out.float(), expected) <= 1e-2
 
 
 def test_dynamic_linear_is_per_sample():
@@ -147,29 +222,37 @@ def test_dynamic_dwconv_channels_last_input():
     torch.testing.assert_close(layer(x.contiguous(memory_format=torch.channels_last)), layer(x))
 
 
-def test_dynamic_dwconv_formula_by_hand():
-    """K̂ = K + ΔK/(‖ΔK‖+1), ΔK = W₂∗GELU(W₁∗AdaptiveAvgPool₃(X)+b₁); depthwise conv, same padding."""
-    layer = DynamicDWConv(4)
-    _randomise(layer, seed=5)
-    x = torch.randn(1, 4, 6, 6)
-    p = layer.predictor
-    pooled = F.adaptive_avg_pool2d(x, 3)
-    delta = p.fc2(F.gelu(p.fc1(pooled)))[0]  # (4, 3, 3)
-    delta = delta / (delta.flatten(1).norm(dim=1)[:, None, None] + 1)
-    kernel = layer.weight + delta.unsqueeze(1)
-    expected = F.conv2d(x, kernel, layer.bias, padding=1, groups=4)
-    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)
-
-
+@pytest.mark.parametrize("implementation", ["fast", "reference"])
 @pytest.mark.parametrize("predictor", sorted(DWCONV_PREDICTORS))
-def test_dynamic_dwconv_predictors_run_and_train(predictor):
-    layer = DynamicDWConv(8, 5, predictor=predictor)
-    _randomise(layer)
-    x = torch.randn(2, 8, 7, 5, requires_grad=True)
-    y = layer(x)
-    assert y.shape == x.shape
-    y.square().mean().backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+@pytest.mark.parametrize("kernel_size", [3, 5])
+def test_dynamic_dwconv_matches_its_formula(predictor, kernel_size, implementation):
+    layer = DynamicDWConv(8, kernel_size, predictor=predictor)
+    sd = _realistic(layer, DWCONV_STD[predictor])
+    _assert_layer_is_formula(
+        layer,
+        implementation,
+        lambda grid: (2, 8, *grid),
+        lambda x: dwconv_layer(predictor, sd, x, kernel_size),
+        lambda x: dwconv_update(predictor, sd, x, kernel_size).flatten(2).norm(dim=-1),  # (B, C): one per kernel
+    )
+
+
+@pytest.mark.parametrize("predictor_std", [0.4, 5.0])  # updates of norm about 1, and about 10^3
+def test_dynamic_dwconv_normalises_each_update_kernel(predictor_std):
+    """The layer's own normalisation: its kernels, read back from its output, are K + ΔK/(‖ΔK‖+1)."""
+    C, K = 4, 3
+    layer = DynamicDWConv(C, K)
+    sd = _realistic(layer, predictor_std, seed=5)
+    x = torch.randn(1, C, 6, 6, generator=torch.Generator().manual_seed(6), dtype=torch.double)
+    with torch.no_grad():
+        out = layer(x) - sd["bias"][:, None, None]  # (1, C, 6, 6)
+    patches = F.unfold(x, K, padding=K // 2).reshape(C, K * K, 36).transpose(1, 2)  # (C, 36 pixels, K·K)
+    # 36 pixels per channel for 9 kernel taps: the kernels are the exact least-squares solution.
+    kernel = torch.linalg.lstsq(patches, out.reshape(C, 36, 1)).solution.reshape(C, K, K)
+    update_norms = (kernel - sd["weight"][:, 0]).flatten(1).norm(dim=-1)  # ‖ΔK̂‖ per channel
+    delta_norms = dwconv_update("adaptive", sd, x, K)[0].flatten(1).norm(dim=-1)
+    torch.testing.assert_close(update_norms, delta_norms / (delta_norms + 1), rtol=1e-8, atol=1e-10)
+    assert (update_norms < 1).all()
 
 
 def test_dynamic_dwconv_is_per_sample():

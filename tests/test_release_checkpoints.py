@@ -1,6 +1,5 @@
 """The authors' checkpoints load through timm's normal paths and give the release's logits."""
 
-import os
 import pickle
 import sys
 import types
@@ -110,11 +109,44 @@ def test_filter_maps_every_key_and_keeps_our_own_layout(release_weights):
     assert checkpoint_filter_fn({"model": {"module." + k: v for k, v in ours.items()}}, model).keys() == ours.keys()
 
 
-def test_release_layout_matches_at_other_resolutions(release_weights):
+@pytest.fixture(scope="module")
+def release_weights_f64(release_weights) -> dict:
+    return {k: v.double() for k, v in release_weights.items()}
+
+
+@pytest.fixture(scope="module")
+def release_model_f64(release_weights) -> torch.nn.Module:
     model = timm.create_model("weightformer_tiny")
     model.load_state_dict(checkpoint_filter_fn(release_weights, model))
-    x = torch.randn(1, 3, 320, 320)  # 20×20 tokens: the release only handles even, square grids
-    torch.testing.assert_close(_logits(model, x), release_forward(release_weights, x), rtol=0, atol=1e-4)
+    return model.double().eval()
+
+
+# Token grids of 2 (the smallest the release runs), 13, 14 (232 px: the release drops the last 8
+# pixels), 15 and 17 (odd: its AvgPool2d(2) leaves out the last row and column). In float64 with a
+# tight tolerance, so that a constant off by little (a LayerNorm eps of 1e-5 for 1e-6) shows.
+@pytest.mark.parametrize("size", [32, 208, 232, 240, 272])
+def test_release_logits_at_every_square_size_it_accepts(release_model_f64, release_weights_f64, size):
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(size), dtype=torch.double)
+    expected = release_forward(release_weights_f64, x)
+    torch.testing.assert_close(_logits(release_model_f64, x), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_importing_weightformer_leaves_other_pickle_loading_alone(tmp_path, release_weights):
+    """The release's yacs config is readable only inside our loaders, not process-wide after import."""
+    path = tmp_path / "wfm-t.pth"
+    _save_training_checkpoint(path, {"w": torch.zeros(1)})
+    model_path = tmp_path / "wfm-t-model.pth"
+    _save_training_checkpoint(model_path, release_weights)
+
+    def refused() -> None:
+        with pytest.raises(pickle.UnpicklingError, match="yacs.config.CfgNode"):
+            torch.load(path, weights_only=True)
+
+    refused()
+    assert isinstance(load_checkpoint_file(path)["config"], dict)
+    refused()
+    timm.create_model("weightformer_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(model_path)))
+    refused()
 
 
 def test_checkpoint_that_would_run_code_is_refused(tmp_path):

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
+from .dynamic_layer import DynamicWeightLayer
+
 __all__ = [
     "DWCONV_PREDICTORS",
     "DynamicDWConv",
@@ -104,7 +106,7 @@ DWCONV_PREDICTORS = {
 }
 
 
-class DynamicDWConv(nn.Module):
+class DynamicDWConv(DynamicWeightLayer):
     """Depthwise convolution with a per-sample kernel, y = (K + ΔK̂(X)) ∗ X + b, "same" padding.
 
     ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel c, so the update stays shorter than one; ΔK comes
@@ -120,30 +122,25 @@ class DynamicDWConv(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be a positive odd number for 'same' padding, got {kernel_size}")
-        if predictor not in DWCONV_PREDICTORS:
-            raise ValueError(
-                f"unknown dynamic depthwise-conv predictor {predictor!r}; choose one of {sorted(DWCONV_PREDICTORS)}"
-            )
+        super().__init__(
+            "dynamic depthwise-conv",
+            DWCONV_PREDICTORS,
+            predictor,
+            (dim, kernel_size),
+            weight_shape=(dim, 1, kernel_size, kernel_size),
+            bias_size=dim,
+            device=device,
+            dtype=dtype,
+        )
         self.dim = dim
         self.kernel_size = kernel_size
-        self.predictor_name = predictor
-        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
-        self.predictor = DWCONV_PREDICTORS[predictor](dim, kernel_size, device=device, dtype=dtype)
-        self.use_reference = False
-        trunc_normal_(self.weight, std=0.02)
-        trunc_normal_(self.bias, std=0.02)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}"
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
-        if not torch.jit.is_scripting():
-            if self.use_reference:
-                return dynamic_dwconv_reference(self, x)
+    def forward_fast(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
         B, C, H, W = x.shape
         K = self.kernel_size
         if C != self.dim:
@@ -164,6 +161,9 @@ class DynamicDWConv(nn.Module):
             groups=B * C,
         )  # (1, B·C, H, W), channels-last
         return out.permute(0, 2, 3, 1).reshape(H, W, B, C).permute(2, 3, 0, 1)  # (B, C, H, W)
+
+    def forward_reference(self, x: Tensor) -> Tensor:
+        return dynamic_dwconv_reference(self, x)
 
 
 def dynamic_dwconv_reference(layer: DynamicDWConv, x: Tensor) -> Tensor:

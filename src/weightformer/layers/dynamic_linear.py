@@ -1,9 +1,10 @@
 """Dynamic linear layer: a linear map whose weight is predicted from the tokens it is applied to.
 
 All predictors below share one template. Let X ∈ R^{N×C} be a sample's tokens on an H×W grid,
-X̄ ∈ R^{N'×C} the tokens after 2×2 average pooling (N' = ⌈H/2⌉·⌈W/2⌉), r the reduction (4), and
-s = C^-1/2 / N. A linear projection P = X̄·W_p + b_p is split into P_in ∈ R^{N'×C/r} and
-P_out ∈ R^{N'×O/r}; the bases U_in ∈ R^{C/r×C} and U_out ∈ R^{O/r×O} lift them back to full width.
+X̄ ∈ R^{N'×C} the tokens after 2×2 average pooling (see :func:`pool_2x2`), r the reduction (4), and
+s = C^-1/2 / N, with N = H·W the full token count (not N'), as in the release. A linear projection
+P = X̄·W_p + b_p is split into P_in ∈ R^{N'×C/r} and P_out ∈ R^{N'×O/r}; the bases U_in ∈ R^{C/r×C}
+and U_out ∈ R^{O/r×O} lift them back to full width.
 Each predictor returns ΔW ∈ R^{C×O}, stored transposed as ΔWᵀ (O, C) like ``nn.Linear.weight``;
 :class:`DynamicLinear` then normalises it and adds it to the static weight. The predictors differ
 only in where the non-linearity sits:
@@ -23,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
+
+from .dynamic_layer import DynamicWeightLayer
 
 __all__ = [
     "LINEAR_PREDICTORS",
@@ -69,13 +72,14 @@ def add_normalised_rows(weight: Tensor, delta: Tensor) -> Tensor:
 
 
 def pool_2x2(x: Tensor) -> Tensor:
-    """Average-pool a token grid 2×2: (B, H, W, C) -> (B, ⌈H/2⌉·⌈W/2⌉, C).
+    """Average-pool a token grid 2×2 as the release's ``AvgPool2d(2)``: (B, H, W, C) -> (B, N', C).
 
-    Even grids pool exactly as ``AvgPool2d(2)``; odd grids (down to 1×1) use adaptive pooling to
-    the ceiling size so that every token is seen.
+    Each side is floored, N' = ⌊H/2⌋·⌊W/2⌋: on an odd side the last row or column is left out of
+    the pooled tokens (they still count in the 1/N scale, which uses the full N). The release cannot
+    pool a side of 1; that side is kept as it is (a window of 1 along it), so N' = 1 on a 1×1 grid.
     """
     B, H, W, C = x.shape
-    pooled = F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), ((H + 1) // 2, (W + 1) // 2))  # (B, C, H', W')
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), (min(H, 2), min(W, 2)))  # (B, C, H', W')
     return pooled.flatten(2).transpose(1, 2)  # (B, N', C)
 
 
@@ -184,7 +188,7 @@ LINEAR_PREDICTORS = {
 }
 
 
-class DynamicLinear(nn.Module):
+class DynamicLinear(DynamicWeightLayer):
     """Linear layer with an input-dependent weight, y = X·(W + ΔŴ(X)) + b.
 
     ΔŴ = ΔW / (‖ΔW‖₂ + 1), the norm taken over the input dimension of each output column, so every
@@ -204,31 +208,24 @@ class DynamicLinear(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         out_features = out_features or in_features
-        if predictor not in LINEAR_PREDICTORS:
-            raise ValueError(
-                f"unknown dynamic linear predictor {predictor!r}; choose one of {sorted(LINEAR_PREDICTORS)}"
-            )
+        super().__init__(
+            "dynamic linear",
+            LINEAR_PREDICTORS,
+            predictor,
+            (in_features, out_features, reduction),
+            weight_shape=(out_features, in_features),
+            bias_size=out_features,
+            device=device,
+            dtype=dtype,
+        )
         self.in_features = in_features
         self.out_features = out_features
-        self.predictor_name = predictor
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
-        self.predictor = LINEAR_PREDICTORS[predictor](
-            in_features, out_features, reduction, device=device, dtype=dtype
-        )
-        self.use_reference = False
-        trunc_normal_(self.weight, std=0.02)
-        trunc_normal_(self.bias, std=0.02)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor_name}"
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
-        if not torch.jit.is_scripting():
-            if self.use_reference:
-                return dynamic_linear_reference(self, x)
+    def forward_fast(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
         B, H, W, C = x.shape
         if C != self.in_features:
             raise ValueError(f"DynamicLinear expected {self.in_features} input features, got {C}")
@@ -243,6 +240,9 @@ class DynamicLinear(nn.Module):
         # transposed operand in place.
         out = torch.baddbmm(self.bias, x.reshape(B, H * W, C), weight_t.transpose(1, 2))  # (B, N, O)
         return out.reshape(B, H, W, self.out_features)
+
+    def forward_reference(self, x: Tensor) -> Tensor:
+        return dynamic_linear_reference(self, x)
 
 
 def dynamic_linear_reference(layer: DynamicLinear, x: Tensor) -> Tensor:

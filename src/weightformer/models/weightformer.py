@@ -57,8 +57,26 @@ def check_image_batch(x: Tensor, in_chans: int, patch_size: int) -> None:
         )
 
 
+@register_notrace_function
+def whole_patches(x: Tensor, patch_size: int) -> Tensor:
+    """Crop (B, C, H, W) to (B, C, H - H % p, W - W % p), p = ``patch_size``.
+
+    The release's stride-p patch convolution drops the pixels past the last whole patch (232 px
+    give 14×14 tokens from the first 224 px); this does the same, for any size.
+    """
+    H, W = x.shape[-2], x.shape[-1]
+    return x[:, :, : H - H % patch_size, : W - W % patch_size]
+
+
 class Mlp(nn.Module):
-    """Token MLP on a grid: fc1 (static or dynamic), GELU, fc2. Shapes (B, H, W, C) -> (B, H, W, C)."""
+    """Token MLP on a grid: fc1 (static or dynamic), GELU, fc2. Shapes (B, H, W, C) -> (B, H, W, C).
+
+    When it is exactly equivalent, GELU + fc2 run as one op that recomputes the activation in
+    backward instead of storing it (see layers.gelu_linear): ``act`` is an exact ``nn.GELU``,
+    ``drop1`` drops nothing, ``fc2`` is a plain ``nn.Linear``, and no hook would see the modules
+    being skipped. This is decided at every call, so a module swapped in later (a LoRA-wrapped fc2,
+    another activation) or a hook added later is honoured. ``fuse_act_fc2 = False`` turns it off.
+    """
 
     def __init__(self, fc1: nn.Module, hidden: int, dim: int, act_layer: Callable[..., nn.Module], drop: float, dd):
         super().__init__()
@@ -67,18 +85,38 @@ class Mlp(nn.Module):
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim, **dd)
         self.drop2 = nn.Dropout(drop)
-        # With exact GELU and no dropout in between, GELU + fc2 run as one op that recomputes the
-        # activation in backward instead of storing it (see layers.gelu_linear).
-        self.can_fuse_act_fc2 = type(self.act) is nn.GELU and self.act.approximate == "none" and drop == 0.0
-        self.fuse_act_fc2 = self.can_fuse_act_fc2
+        self.fuse_act_fc2 = True
+
+    def _can_fuse_act_fc2(self) -> bool:
+        modules = self._modules  # plain dict lookups: nn.Module.__getattr__ takes about 1 µs each
+        act, drop1, fc2 = modules["act"], modules["drop1"], modules["fc2"]
+        if not (
+            type(act) is nn.GELU
+            and act.approximate == "none"
+            and type(drop1) is nn.Dropout
+            and (drop1.p == 0.0 or not drop1.training)
+            and type(fc2) is nn.Linear
+        ):
+            return False
+        for m in (act, drop1, fc2):  # their own hooks
+            if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+                return False
+        hooks = nn.modules.module  # hooks registered for every module
+        return not (
+            hooks._global_forward_hooks
+            or hooks._global_forward_pre_hooks
+            or hooks._global_backward_hooks
+            or hooks._global_backward_pre_hooks
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)  # (B, H, W, hidden)
         if not torch.jit.is_scripting():  # TorchScript sees neither hooks nor autograd Functions
-            if self.fuse_act_fc2:
-                # fc1's output may be overwritten in place unless a hook could have kept a reference to it.
-                observed = bool(self.fc1._forward_hooks) or bool(nn.modules.module._global_forward_hooks)
-                return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias, consume=not observed))
+            if self.fuse_act_fc2 and self._can_fuse_act_fc2():
+                # fc1's output may be overwritten in place unless a hook could have kept a reference to it
+                # (global hooks are excluded above).
+                consume = not self.fc1._forward_hooks
+                return self.drop2(gelu_linear(hidden, self.fc2.weight, self.fc2.bias, consume=consume))
         return self.drop2(self.fc2(self.drop1(self.act(hidden))))
 
 
@@ -177,7 +215,8 @@ class WeightFormer(nn.Module):
         self.output_fmt = "NHWC"
         self.grad_checkpointing = False
 
-        # Images whose sides are not multiples of the patch are zero-padded to the next multiple.
+        # Any image size; forward_features first drops the pixels past the last whole patch (see
+        # whole_patches), so the patch embedding only checks that the sides are multiples of the patch.
         self.patch_embed = PatchEmbed(
             img_size=img_size,
             patch_size=patch_size,
@@ -185,7 +224,6 @@ class WeightFormer(nn.Module):
             embed_dim=embed_dim,
             output_fmt="NHWC",
             strict_img_size=False,
-            dynamic_img_pad=True,
             **dd,
         )
         self.norm_pre = norm_layer(embed_dim, **dd)
@@ -261,14 +299,14 @@ class WeightFormer(nn.Module):
             if isinstance(module, (DynamicLinear, DynamicDWConv)):
                 module.use_reference = name == "reference"
             elif isinstance(module, Mlp):
-                module.fuse_act_fc2 = name == "fast" and module.can_fuse_act_fc2
+                module.fuse_act_fc2 = name == "fast"
 
     # ---------------------------------------------------------------------------------------------
     # forward
     # ---------------------------------------------------------------------------------------------
     def forward_features(self, x: Tensor) -> Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C)
         check_image_batch(x, self.in_chans, self.patch_size)
-        x = self.norm_pre(self.patch_embed(x))  # (B, H, W, C)
+        x = self.norm_pre(self.patch_embed(whole_patches(x, self.patch_size)))  # (B, H // p, W // p, C)
         for blk in self.blocks:
             if self.grad_checkpointing and not torch.jit.is_scripting():
                 x = checkpoint(blk, x)
@@ -307,7 +345,7 @@ class WeightFormer(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         check_image_batch(x, self.in_chans, self.patch_size)
-        x = self.norm_pre(self.patch_embed(x))
+        x = self.norm_pre(self.patch_embed(whole_patches(x, self.patch_size)))
         blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[: max_index + 1]
         intermediates = []
         for i, blk in enumerate(blocks):

@@ -1,0 +1,48 @@
+"""What the dynamic layers share: a static weight and bias, a predictor chosen by name, and the switch
+between the fast path and the paper's pseudocode."""
+
+from typing import Dict, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+from timm.layers import trunc_normal_
+
+__all__ = ["DynamicWeightLayer"]
+
+
+class DynamicWeightLayer(nn.Module):
+    """Base of :class:`DynamicLinear` and :class:`DynamicDWConv`.
+
+    Holds the static ``weight`` (``weight_shape``) and ``bias`` (``bias_size``), both initialised as
+    in the release (truncated normal, std 0.02), and ``predictor = predictors[predictor](*predictor_args)``.
+    ``forward`` runs the subclass's ``forward_fast``, or, when ``use_reference`` is set, its
+    ``forward_reference`` (the paper's pseudocode, the baseline for speed-ups); subclasses define both.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        predictors: Dict[str, type],
+        predictor: str,
+        predictor_args: Tuple[int, ...],
+        weight_shape: Sequence[int],
+        bias_size: int,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if predictor not in predictors:
+            raise ValueError(f"unknown {kind} predictor {predictor!r}; choose one of {sorted(predictors)}")
+        self.predictor_name = predictor
+        self.weight = nn.Parameter(torch.empty(*weight_shape, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(bias_size, device=device, dtype=dtype))
+        self.predictor = predictors[predictor](*predictor_args, device=device, dtype=dtype)
+        self.use_reference = False
+        trunc_normal_(self.weight, std=0.02)
+        trunc_normal_(self.bias, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():
+            if self.use_reference:
+                return self.forward_reference(x)
+        return self.forward_fast(x)
