@@ -75,6 +75,7 @@ def test_memory_worker_killed_by_the_oom_killer_is_an_oom_point(monkeypatch):
 
 def test_memory_worker_out_of_memory_is_reported_not_raised(monkeypatch, capsys):
     monkeypatch.setattr(memory, "_measure_cpu_here", lambda *a: (_ for _ in ()).throw(MemoryError()))
+    monkeypatch.setattr(memory.torch, "set_num_threads", lambda n: None)  # the worker's own process setting
     memory._worker([json.dumps({"variant": "wf-t", "mode": "infer", "resolution": 32, "batch": 1,
                                 "dtype": "float32", "threads": 1})])
     report = json.loads(capsys.readouterr().out)

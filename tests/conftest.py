@@ -1,0 +1,17 @@
+"""Process-wide torch settings are put back after every test.
+
+Exact-resume tests compare a run in this process with one in a subprocess bit for bit, which holds
+only at the same thread count; a test that changed it (the benchmark sets threads) must not leak.
+"""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals():
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
