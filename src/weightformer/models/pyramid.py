@@ -1,0 +1,172 @@
+"""ViTDet's simple feature pyramid: a plain stride-16 backbone as a torchvision detection backbone.
+
+Li, Mao, Girshick and He (arXiv 2203.16527) build the whole pyramid from the last map of a plain
+backbone, one small module per scale:
+
+    stride 4:  ConvT 2×2 (C -> C/2) -> LayerNorm -> GELU -> ConvT 2×2 (C/2 -> C/4)
+    stride 8:  ConvT 2×2 (C -> C/2)
+    stride 16: identity
+    stride 32: max-pool 2×2
+    each then: Conv 1×1 -> LayerNorm -> Conv 3×3 -> LayerNorm   (out_channels, LayerNorm over channels)
+    "pool":    stride 64, the stride-32 map subsampled by 2 (torchvision's LastLevelMaxPool), for the RPN
+
+Any timm model with ``forward_intermediates`` and a stride-16 ``feature_info`` works: WeightFormer
+takes any image size as it is; timm's ViT/DeiT need ``dynamic_img_size=True`` (the position embedding
+is then resized to each grid), which ``build_backbone`` passes. Class tokens never reach the pyramid:
+timm's ``forward_intermediates`` strips them.
+
+Input sizes: sides that are not multiples of 32 are zero-padded at the bottom and right up to the next
+multiple, as torchvision's ``GeneralizedRCNNTransform(size_divisible=32)`` already does (so the padding
+is a no-op inside a torchvision detector). Level "k" of an H×W image is therefore exactly
+(ceil(H/32)·32/stride_k) × (ceil(W/32)·32/stride_k), every level is aligned with the others, and no
+pixel is dropped; a consumer that wants the unpadded extent keeps the first ceil(H/stride_k) rows.
+
+Example, runnable as is (a tiny random WeightFormer, two 800×1333 images)::
+
+    import torch, torchvision
+    from torchvision.models.detection import MaskRCNN
+    from weightformer.models.pyramid import SimpleFeaturePyramid, build_backbone
+
+    backbone = build_backbone("weightformer_tiny", embed_dim=32, depth=3)  # or "deit_tiny_patch16_224"
+    pyramid = SimpleFeaturePyramid(backbone, out_channels=64)
+    with torch.no_grad():
+        feats = pyramid(torch.randn(2, 3, 800, 1333))
+    for name, f in feats.items():
+        print(name, tuple(f.shape))
+    # 0 (2, 64, 200, 336)   stride 4   (1333 px padded to 1344)
+    # 1 (2, 64, 100, 168)   stride 8
+    # 2 (2, 64, 50, 84)     stride 16
+    # 3 (2, 64, 25, 42)     stride 32
+    # pool (2, 64, 13, 21)  stride 64
+
+    # torchvision's defaults fit the five levels: one anchor size per level, ((32,), (64,), (128,),
+    # (256,), (512,)), aspect ratios (0.5, 1.0, 2.0) on each, and RoIAlign over featmap_names
+    # ["0", "1", "2", "3"] (7×7 for boxes, 14×14 for masks).
+    detector = MaskRCNN(pyramid, num_classes=91).eval()
+    with torch.no_grad():
+        detections = detector([torch.rand(3, 480, 640)])
+"""
+
+import math
+from collections import OrderedDict
+from typing import Any, Dict, Sequence, Tuple
+
+import timm
+import torch.nn.functional as F
+from timm.layers import LayerNorm2d
+from timm.models import get_pretrained_cfg
+from torch import Tensor, nn
+
+__all__ = ["SimpleFeaturePyramid", "build_backbone"]
+
+
+def build_backbone(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """A timm model ready for dense inputs of any size: no classifier, and ``dynamic_img_size=True``
+    for models whose pretrained config fixes the input size (timm's ViT/DeiT, position embeddings).
+
+    WeightFormer has no position embedding and takes any size as it is.
+    """
+    if not timm.is_model(name):
+        raise ValueError(f"unknown timm model {name!r}; list names with timm.list_models('*{name[:6]}*')")
+    cfg = get_pretrained_cfg(name)
+    if cfg is not None and cfg.fixed_input_size:
+        kwargs.setdefault("dynamic_img_size", True)
+    backbone = timm.create_model(name, pretrained=pretrained, num_classes=0, **kwargs)
+    if not hasattr(backbone, "forward_intermediates"):
+        raise ValueError(f"{name} has no forward_intermediates; the pyramid needs a timm model that has it")
+    return backbone
+
+
+def _norm(norm: str, channels: int) -> nn.Module:
+    return LayerNorm2d(channels) if norm == "LN" else nn.Identity()
+
+
+def _conv(in_chs: int, out_chs: int, kernel_size: int, norm: str) -> nn.Sequential:
+    """Conv (no bias before a norm) -> norm, initialised as detectron2's c2_xavier_fill."""
+    conv = nn.Conv2d(in_chs, out_chs, kernel_size, padding=kernel_size // 2, bias=norm == "")
+    nn.init.kaiming_uniform_(conv.weight, a=1)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
+    return nn.Sequential(conv, _norm(norm, out_chs))
+
+
+def _resample(scale: float, dim: int, norm: str) -> Tuple[nn.Sequential, int]:
+    """The per-scale module that brings the stride-16 map of ``dim`` channels to stride 16 / scale,
+    and the channels it outputs."""
+    if scale == 4.0:
+        up = nn.Sequential(
+            nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), _norm(norm, dim // 2), nn.GELU(),
+            nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2),
+        )
+        return up, dim // 4
+    if scale == 2.0:
+        return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, stride=2)), dim // 2
+    if scale == 1.0:
+        return nn.Sequential(), dim
+    if scale == 0.5:
+        return nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2)), dim
+    raise ValueError(f"scale {scale} is not one of ViTDet's 4.0, 2.0, 1.0, 0.5")
+
+
+def _level(scale: float, dim: int, out_channels: int, norm: str) -> nn.Sequential:
+    """One pyramid level: resample, then Conv 1×1 -> norm -> Conv 3×3 -> norm."""
+    resample, chs = _resample(scale, dim, norm)
+    return nn.Sequential(resample, _conv(chs, out_channels, 1, norm), _conv(out_channels, out_channels, 3, norm))
+
+
+class SimpleFeaturePyramid(nn.Module):
+    """ViTDet's simple feature pyramid on the last block of a plain backbone; a torchvision backbone.
+
+    ``forward`` maps (B, 3, H, W) images to an ordered dict "0", "1", ... (one per scale, finest first)
+    and "pool" (if ``top_block``), each (B, out_channels, h, w); ``strides`` gives each key's stride.
+    The backbone's map is taken after its final norm, so every backbone parameter gets a gradient
+    (DDP needs no ``find_unused_parameters``).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        out_channels: int = 256,
+        scales: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
+        norm: str = "LN",
+        top_block: bool = True,
+    ):
+        super().__init__()
+        if not hasattr(backbone, "forward_intermediates") or not hasattr(backbone, "feature_info"):
+            raise ValueError(
+                f"{type(backbone).__name__} lacks forward_intermediates/feature_info; pass a timm model "
+                f"such as build_backbone('weightformer_tiny')"
+            )
+        if norm not in ("LN", ""):
+            raise ValueError(f"norm must be 'LN' (LayerNorm over channels) or '' (none), got {norm!r}")
+        scales = [float(s) for s in scales]
+        if not scales or scales != sorted(scales, reverse=True) or len(set(scales)) != len(scales):
+            raise ValueError(f"scales must be distinct and decreasing (finest level first), got {scales}")
+        last = backbone.feature_info[-1]
+        dim, in_stride = last["num_chs"], last["reduction"]
+        if in_stride != 16:
+            raise ValueError(
+                f"the pyramid expects a stride-16 backbone, {type(backbone).__name__} has stride {in_stride}"
+            )
+        self.backbone = backbone
+        self.out_channels = out_channels
+        self.levels = nn.ModuleList(_level(s, dim, out_channels, norm) for s in scales)
+        self.top_block = top_block
+        self.strides: Dict[str, int] = {str(i): int(in_stride / s) for i, s in enumerate(scales)}
+        self.size_divisor = max(in_stride, *self.strides.values())  # every level, and the backbone, divide it
+        if top_block:
+            self.strides["pool"] = 2 * self.strides[str(len(scales) - 1)]
+
+    def forward(self, images: Tensor) -> "OrderedDict[str, Tensor]":
+        H, W = images.shape[-2:]
+        d = self.size_divisor
+        # zeros at the bottom and right: (B, 3, H, W) -> (B, 3, H', W'), H' and W' multiples of d
+        images = F.pad(images, (0, math.ceil(W / d) * d - W, 0, math.ceil(H / d) * d - H))
+        x = self.backbone.forward_intermediates(  # the last block: [(B, C, H'/16, W'/16)]
+            images, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True
+        )[-1]
+        feats = OrderedDict((str(i), level(x)) for i, level in enumerate(self.levels))  # (B, out, H'/s, W'/s)
+        if self.top_block:
+            coarsest = feats[str(len(self.levels) - 1)]
+            feats["pool"] = F.max_pool2d(coarsest, kernel_size=1, stride=2)  # (B, out, ceil(h / 2), ceil(w / 2))
+        return feats
