@@ -1,0 +1,370 @@
+"""Semantic segmentation data in the ADE20K layout, with mmseg's label reduction and augmentation.
+
+    <root>/images/{training,validation}/<name>.jpg      (also .jpeg, .png)
+    <root>/annotations/{training,validation}/<name>.png  (class index per pixel, palette or grayscale PNG)
+
+With ``reduce_zero_label`` (ADE20K) label 0 means "unlabelled" and becomes the ignore index 255;
+label v >= 1 becomes class v - 1, and 255 stays ignored. Any data set laid out this way works by
+giving its ``num_classes`` and whether 0 is a class.
+
+Opening a split pairs every image with its annotation and, with ``verify``, compares their sizes
+from the file headers; a mismatch is a :class:`DataError` before training starts. Label values are
+checked as each annotation is decoded, so a bad file stops the run with a one-line DataError naming
+it and the fix, never a traceback from deep inside the loss.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from ..data.errors import DataError
+from ..data.folder import DECODE_ERRORS, rgb_loader
+
+__all__ = [
+    "IGNORE_INDEX", "SPLITS", "EvalTransform", "SegmentationBatch", "SegmentationFolder", "TrainTransform",
+    "collate_segmentation", "read_label", "reduce_zero_label", "scan_pairs",
+]
+
+SPLITS = ("training", "validation")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+IGNORE_INDEX = 255
+LABEL_MODES = frozenset({"P", "L", "I;16", "I;16L", "I;16B", "I"})  # modes whose pixels are class indices
+LAYOUT = "images/{training,validation}/*.jpg and annotations/{training,validation}/*.png"
+SHOWN = 5  # bad values named in an error line
+
+
+# --------------------------------------------------------------------------------------------------
+# Files: pairing, reading, label reduction
+# --------------------------------------------------------------------------------------------------
+
+
+def _files(folder: Path, extensions: tuple[str, ...]) -> dict[str, Path]:
+    """``{name without extension: path}`` for the files of ``folder`` with one of ``extensions``."""
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder; segmentation data needs the ADE20K layout {LAYOUT}")
+    found: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix.lower() not in extensions or path.name.startswith("."):
+            continue
+        if path.stem in found:
+            raise DataError(f"{found[path.stem]} and {path} have the same name; keep one of them")
+        found[path.stem] = path
+    return found
+
+
+def _others(names: list[str]) -> str:
+    return f" ({len(names)} files lack theirs)" if len(names) > 1 else ""
+
+
+def scan_pairs(root: str | os.PathLike, split: str) -> list[tuple[str, str]]:
+    """``[(image path, annotation path)]`` of one split, sorted by name; every image needs its annotation."""
+    if split not in SPLITS:
+        raise DataError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"segmentation data folder {root} is not a folder; pass one with {LAYOUT}")
+    image_dir, label_dir = root / "images" / split, root / "annotations" / split
+    images, labels = _files(image_dir, IMAGE_EXTENSIONS), _files(label_dir, (".png",))
+    no_label, no_image = sorted(images.keys() - labels.keys()), sorted(labels.keys() - images.keys())
+    if no_label:
+        raise DataError(f"image {images[no_label[0]]} has no annotation {label_dir / no_label[0]}.png"
+                        f"{_others(no_label)}; add the annotation or remove the image")
+    if no_image:
+        raise DataError(f"annotation {labels[no_image[0]]} has no image {image_dir / no_image[0]}.jpg (or .jpeg, .png)"
+                        f"{_others(no_image)}; add the image or remove the annotation")
+    if not images:
+        raise DataError(f"{image_dir} holds no images; segmentation data needs {LAYOUT}")
+    return [(str(images[name]), str(labels[name])) for name in sorted(images)]
+
+
+def _header_sizes(pair: tuple[str, str]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(image, annotation) sizes as (width, height), read from the file headers without decoding pixels."""
+    sizes = []
+    for path in pair:
+        try:
+            with Image.open(path) as img:
+                sizes.append(img.size)
+        except DECODE_ERRORS as exc:
+            raise DataError(f"cannot read {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
+    return sizes[0], sizes[1]
+
+
+def _size_mismatch(image_path: str, label_path: str, image_size: Sequence[int], label_size: Sequence[int]) -> DataError:
+    (iw, ih), (lw, lh) = image_size, label_size
+    return DataError(
+        f"annotation {label_path} is {lw}x{lh} but its image {image_path} is {iw}x{ih} (width x height); "
+        f"an annotation must have its image's size: fix or remove the pair"
+    )
+
+
+def reduce_zero_label(label: np.ndarray) -> np.ndarray:
+    """mmseg's reduce_zero_label: 0 -> 255 (ignored), v -> v - 1, 255 stays 255."""
+    label = label.astype(np.int64)
+    return np.where((label == 0) | (label == IGNORE_INDEX), IGNORE_INDEX, label - 1)
+
+
+def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
+    """An annotation as (H, W) int64 class indices in [0, num_classes) or 255; bad files raise :class:`DataError`."""
+    try:
+        with Image.open(path) as img:
+            if img.mode not in LABEL_MODES:
+                raise DataError(
+                    f"annotation {path} is a {img.mode} image; annotations must hold one class index per pixel "
+                    f"(a palette (P) or grayscale (L) PNG), not colours: convert it"
+                )
+            raw = np.asarray(img)  # palette PNGs give their indices, not the palette's colours
+    except DECODE_ERRORS as exc:
+        raise DataError(f"cannot read annotation {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
+    label = reduce_zero_label(raw) if reduce_zero else raw.astype(np.int64)
+    outside = (label != IGNORE_INDEX) & ((label < 0) | (label >= num_classes))
+    if outside.any():
+        bad = np.unique(raw[outside])
+        shown = ", ".join(str(v) for v in bad[:SHOWN]) + (", ..." if len(bad) > SHOWN else "")
+        needed = int(label[outside].max()) + 1
+        if needed > IGNORE_INDEX:
+            rule = f"class indices must stay below {IGNORE_INDEX}, the ignore index"
+            fix = "remap the annotations to fewer class indices"
+        elif reduce_zero:
+            rule = f"with reduce-zero-label, value v is class v-1, at most {num_classes}; 0 and 255 are ignored"
+            fix = f"pass --num-classes {needed} if the data set has that many classes"
+        else:
+            rule = f"without reduce-zero-label, values must be below {num_classes}; 255 is ignored"
+            fix = f"pass --num-classes {needed}"
+            if needed == num_classes + 1:
+                fix += " or turn reduce-zero-label on if 0 marks unlabelled pixels"
+        raise DataError(f"annotation {path} holds values {shown} outside the {num_classes} classes ({rule}); {fix}")
+    return label
+
+
+# --------------------------------------------------------------------------------------------------
+# Joint transforms: image (3, H, W) uint8 and label (H, W) int64 -> normalised image and label
+# --------------------------------------------------------------------------------------------------
+
+
+def _uniform(low: float, high: float, generator: Optional[torch.Generator]) -> float:
+    return low + (high - low) * torch.rand((), generator=generator).item()
+
+
+def _chance(p: float, generator: Optional[torch.Generator]) -> bool:
+    return torch.rand((), generator=generator).item() < p
+
+
+def _fit_size(height: int, width: int, scale: tuple[int, int]) -> tuple[int, int]:
+    """(height, width) rescaled, ratio kept, as large as fits: long side <= max(scale), short side <= min(scale)."""
+    factor = min(max(scale) / max(height, width), min(scale) / min(height, width))
+    return int(height * factor + 0.5), int(width * factor + 0.5)
+
+
+def _resize_image(image: Tensor, size: tuple[int, int]) -> Tensor:  # (3, H, W) float -> (3, h, w) float
+    return F.interpolate(image[None], size=size, mode="bilinear", align_corners=False)[0]
+
+
+def _normalise(image: Tensor, mean: Tensor, std: Tensor) -> Tensor:  # (3, H, W) in [0, 255] -> normalised
+    return (image - mean[:, None, None]) / std[:, None, None]
+
+
+def _photometric_distortion(image: Tensor, generator: Optional[torch.Generator]) -> Tensor:
+    """mmseg's PhotoMetricDistortion on a (3, H, W) float image in [0, 255]: each step with chance 1/2.
+
+    Brightness +-32, contrast x[0.5, 1.5] (before or after the colour steps, at random),
+    saturation x[0.5, 1.5], hue +-18 of OpenCV's 180 degrees.
+    """
+    if _chance(0.5, generator):
+        image = (image + _uniform(-32, 32, generator)).clamp(0, 255)
+    contrast_first = _chance(0.5, generator)
+    steps = [
+        lambda x: (x * _uniform(0.5, 1.5, generator)).clamp(0, 255),
+        lambda x: TF.adjust_saturation(x / 255, _uniform(0.5, 1.5, generator)) * 255,
+        lambda x: TF.adjust_hue(x / 255, _uniform(-0.1, 0.1, generator)) * 255,
+    ]
+    order = steps if contrast_first else steps[1:] + steps[:1]
+    for step in order:
+        if _chance(0.5, generator):
+            image = step(image)
+    return image
+
+
+class TrainTransform:
+    """mmseg's ADE20K training pipeline: random resize, random crop, flip, photometric distortion, pad.
+
+    The image is rescaled (ratio kept) to fit ``scale`` times a ratio drawn from ``ratio_range``;
+    a ``crop_size`` window is drawn, redrawn up to 10 times while one class covers more than
+    ``cat_max_ratio`` of its labelled pixels (1.0 turns that off); the pair is flipped with chance
+    ``hflip``; smaller crops are padded to ``crop_size`` (image 0 after normalising, label 255).
+    """
+
+    def __init__(
+        self,
+        crop_size: int = 512,
+        scale: tuple[int, int] = (2048, 512),
+        ratio_range: tuple[float, float] = (0.5, 2.0),
+        cat_max_ratio: float = 0.75,
+        hflip: float = 0.5,
+        photometric: bool = True,
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+    ):
+        self.crop_size = crop_size
+        self.scale = scale
+        self.ratio_range = ratio_range
+        self.cat_max_ratio = cat_max_ratio
+        self.hflip = hflip
+        self.photometric = photometric
+        self.mean = 255 * torch.tensor(mean)
+        self.std = 255 * torch.tensor(std)
+
+    def _crop_box(self, label: Tensor, generator: Optional[torch.Generator]) -> tuple[int, int, int, int]:
+        height, width = label.shape
+        crop_h, crop_w = min(self.crop_size, height), min(self.crop_size, width)
+        for _ in range(10):
+            top = int(torch.randint(height - crop_h + 1, (), generator=generator))
+            left = int(torch.randint(width - crop_w + 1, (), generator=generator))
+            if self.cat_max_ratio >= 1:
+                break
+            counts = torch.bincount(label[top : top + crop_h, left : left + crop_w].flatten(), minlength=256)
+            counts = counts[:IGNORE_INDEX][counts[:IGNORE_INDEX] > 0]
+            if len(counts) > 1 and counts.max() < self.cat_max_ratio * counts.sum():
+                break
+        return top, left, crop_h, crop_w
+
+    def __call__(
+        self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
+    ) -> tuple[Tensor, Tensor]:
+        ratio = _uniform(*self.ratio_range, generator)
+        size = _fit_size(*label.shape, (int(self.scale[0] * ratio), int(self.scale[1] * ratio)))
+        image = _resize_image(image.float(), size)  # (3, h, w)
+        label = F.interpolate(label[None, None].float(), size=size, mode="nearest")[0, 0].long()  # (h, w)
+        top, left, crop_h, crop_w = self._crop_box(label, generator)
+        image = image[:, top : top + crop_h, left : left + crop_w]
+        label = label[top : top + crop_h, left : left + crop_w]
+        if _chance(self.hflip, generator):
+            image, label = image.flip(-1), label.flip(-1)
+        if self.photometric:
+            image = _photometric_distortion(image, generator)
+        image = _normalise(image, self.mean, self.std)
+        pad = (0, self.crop_size - crop_w, 0, self.crop_size - crop_h)
+        return F.pad(image, pad), F.pad(label, pad, value=IGNORE_INDEX)
+
+
+class EvalTransform:
+    """Test-time preprocessing: the image rescaled (ratio kept) to fit ``scale`` and normalised.
+
+    The label keeps its original size: predictions are resized back to it before they are scored,
+    as mmseg scores them.
+    """
+
+    def __init__(
+        self,
+        scale: tuple[int, int] = (2048, 512),
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+    ):
+        self.scale = scale
+        self.mean = 255 * torch.tensor(mean)
+        self.std = 255 * torch.tensor(std)
+
+    def __call__(
+        self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
+    ) -> tuple[Tensor, Tensor]:
+        image = _resize_image(image.float(), _fit_size(*image.shape[-2:], self.scale))
+        return _normalise(image, self.mean, self.std), label
+
+
+# --------------------------------------------------------------------------------------------------
+# Data set and batches
+# --------------------------------------------------------------------------------------------------
+
+
+class SegmentationFolder(Dataset):
+    """(image, label) pairs of one split of an ADE20K-layout folder, through a joint transform.
+
+    Without a transform an item is a (3, H, W) uint8 image and an (H, W) int64 label. A
+    ``transform(image, label, generator)`` gets a generator seeded from (seed, epoch, index) when
+    ``seed`` is given, so augmentations do not depend on workers or on where a run resumed.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        split: str = "training",
+        reduce_zero_label: bool = True,
+        num_classes: int = 150,
+        transform: Optional[Callable[..., tuple[Tensor, Tensor]]] = None,
+        seed: Optional[int] = None,
+        verify: bool = True,
+    ):
+        if not 0 < num_classes <= IGNORE_INDEX:
+            raise DataError(
+                f"--num-classes {num_classes} must be in [1, {IGNORE_INDEX}]: label {IGNORE_INDEX} is ignored"
+            )
+        self.pairs = scan_pairs(root, split)
+        self.reduce_zero_label = reduce_zero_label
+        self.num_classes = num_classes
+        self.transform = transform
+        self.seed = seed
+        self.epoch = 0
+        if verify:
+            with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+                for pair, (image_size, label_size) in zip(self.pairs, pool.map(_header_sizes, self.pairs)):
+                    if image_size != label_size:
+                        raise _size_mismatch(*pair, image_size, label_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the next samples' augmentations from epoch ``epoch``'s stream."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        image_path, label_path = self.pairs[index]
+        try:
+            image = rgb_loader(image_path)
+        except DECODE_ERRORS as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            raise DataError(f"cannot read image {image_path} ({reason}); replace or remove it") from None
+        label = read_label(label_path, self.num_classes, self.reduce_zero_label)
+        if image.size != (label.shape[1], label.shape[0]):
+            raise _size_mismatch(image_path, label_path, image.size, (label.shape[1], label.shape[0]))
+        image_t, label_t = TF.pil_to_tensor(image), torch.from_numpy(label)  # (3, H, W) uint8, (H, W) int64
+        if self.transform is None:
+            return image_t, label_t
+        generator = None
+        if self.seed is not None:
+            generator = torch.Generator().manual_seed(
+                int(np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0] % 2**63)
+            )
+        return self.transform(image_t, label_t, generator)
+
+
+class SegmentationBatch(NamedTuple):
+    """Images and labels padded to the batch's largest, and each sample's own (height, width)."""
+
+    images: Tensor  # (B, 3, H, W), zero-padded
+    labels: Tensor  # (B, H_l, W_l), padded with the ignore index
+    image_sizes: Tensor  # (B, 2) int64
+    label_sizes: Tensor  # (B, 2) int64
+
+
+def collate_segmentation(samples: Sequence[tuple[Tensor, Tensor]]) -> SegmentationBatch:
+    """Stack (image, label) samples of different sizes, padding at the bottom and right."""
+    image_sizes = torch.tensor([image.shape[-2:] for image, _ in samples], dtype=torch.int64)
+    label_sizes = torch.tensor([label.shape[-2:] for _, label in samples], dtype=torch.int64)
+    (image_h, image_w), (label_h, label_w) = image_sizes.amax(0).tolist(), label_sizes.amax(0).tolist()
+    images = torch.stack([F.pad(im, (0, image_w - im.shape[-1], 0, image_h - im.shape[-2])) for im, _ in samples])
+    labels = torch.stack([
+        F.pad(lb, (0, label_w - lb.shape[-1], 0, label_h - lb.shape[-2]), value=IGNORE_INDEX) for _, lb in samples
+    ])
+    return SegmentationBatch(images, labels, image_sizes, label_sizes)
