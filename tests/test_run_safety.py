@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from torchvision import transforms as T
 from tqdm import tqdm
 
+import weightformer.classification.task as classification_task
 import weightformer.engine.loop as train_module
 from conftest_train import make_image_folder
 from release_layout import release_state_dict
@@ -154,14 +155,14 @@ def test_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_c
         folder, tmp_path, capsys, monkeypatch):
     output = tmp_path / "o"
     calls = {"n": 0}
-    real_loss = train_module.SoftTargetCrossEntropy.forward
+    real_loss = classification_task.SoftTargetCrossEntropy.forward
 
     def loss_that_diverges(self, x, target):
         calls["n"] += 1
         loss = real_loss(self, x, target)
         return loss * float("nan") if calls["n"] == 3 else loss  # step 1 of epoch 2 (2 steps an epoch)
 
-    monkeypatch.setattr(train_module.SoftTargetCrossEntropy, "forward", loss_that_diverges)
+    monkeypatch.setattr(classification_task.SoftTargetCrossEntropy, "forward", loss_that_diverges)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # progress bars on, as on a terminal
     assert main(["train", "--data", str(folder), "--output", str(output), *FLAGS]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -300,9 +301,10 @@ def test_training_validates_with_the_models_eval_preprocessing(folder):
     from weightformer.engine.distributed import init_distributed
 
     cfg, _ = resolve_config({"data": str(folder), "img_size": 32, "workers": 0, "device": "cpu"})
-    data = train_module.build_data(cfg, init_distributed("cpu"))
-    assert data.eval_config["crop_mode"] == "squash"  # WeightFormer's pretrained config: the release's resize
-    val_transform = data.val_set.transform
+    task = classification_task.ClassificationTask(cfg)
+    data = train_module.build_data(cfg, task, init_distributed("cpu"))
+    assert task.eval_config["crop_mode"] == "squash"  # WeightFormer's pretrained config: the release's resize
+    val_transform = data.task_data.val_set.transform
     image = Image.new("RGB", (40, 20), (10, 200, 30))
     image.paste((250, 0, 0), (0, 0, 4, 20))  # a red band that a shorter-side resize would crop away
     expected = T.Compose([T.Resize((36, 36), interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32),

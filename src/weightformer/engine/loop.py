@@ -1,11 +1,14 @@
-"""The training loop, in named steps: data, model and optimizer, restore, one epoch, end of epoch, finish.
+"""The training loop that every task shares, in named steps: data, model and optimizer, restore,
+one epoch, end of epoch, finish.
 
 :func:`train` reads top to bottom: it resolves the config, checks the run folder, then calls
 :func:`build_data`, :func:`build_training`, :func:`restore` (or :func:`init_from_weights`), and
-loops :func:`train_one_epoch` and :func:`end_epoch` before :func:`finish`. Built from timm's parts:
-``create_transform``/``Mixup`` for data, ``create_optimizer_v2`` (AdamW, no weight decay on norms
-and biases), ``create_scheduler_v2`` (cosine with warm-up, updated every step),
-``SoftTargetCrossEntropy``/``LabelSmoothingCrossEntropy``, ``ModelEmaV3`` and ``dispatch_clip_grad``.
+loops :func:`train_one_epoch` and :func:`end_epoch` before :func:`finish`. What differs between
+tasks (the data, the model, the loss of a step, the evaluation) comes from a
+:class:`~weightformer.engine.task.Task`; classification is the default. The rest is built from
+timm's parts: ``create_optimizer_v2`` (AdamW, no weight decay on norms and biases, or a task's
+parameter groups), ``create_scheduler_v2`` (cosine with warm-up, updated every step, applying
+per-group ``lr_scale``), ``ModelEmaV3`` and ``dispatch_clip_grad``.
 """
 
 from __future__ import annotations
@@ -18,14 +21,11 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
-import timm
 import torch
 import yaml
-from timm.data import Mixup
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, dispatch_clip_grad
@@ -34,20 +34,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint import CheckpointError, save_atomic
-from ..data import ArrayImageDataset, DataInfo, ResumableSampler, SeededTransformDataset, open_dataset, precompute
-from ..data.transforms import build_transforms, eval_data_config
+from ..data import ResumableSampler
 from .config import TrainConfig, resolve_config, scaled_learning_rates, validate_config
 from .distributed import (
     DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, max_over_ranks, shutdown_distributed,
 )
 from .errors import ConfigError, TrainingDivergedError
-from .evaluate import autocast, evaluate
+from .evaluate import autocast
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, start_run_folder
 from .signals import StopFlag
-from .state import (
-    build_model, capture_rng, check_input_size, is_training_checkpoint, load_weights, read_checkpoint, restore_rng,
-)
+from .state import capture_rng, is_training_checkpoint, load_weights, read_checkpoint, restore_rng
+from .task import Task, TaskData
 
 __all__ = ["StopFlag", "TrainResult", "prepare_config", "train"]
 
@@ -57,7 +55,8 @@ class TrainResult:
     """How a run ended."""
 
     output: str
-    best_top1: Optional[float]  # None if no evaluation ran
+    best_metric: str  # the task's metric that picks best.pt, e.g. "top1"
+    best_score: Optional[float]  # its best value; None if no evaluation ran
     best_epoch: Optional[int]
     last_checkpoint: str
     best_checkpoint: Optional[str]
@@ -69,17 +68,13 @@ class TrainResult:
 
 @dataclass
 class TrainData:
-    """The splits, their loaders and the batch geometry of a run."""
+    """The task's splits, their loaders and the batch geometry of a run."""
 
-    info: DataInfo
-    train_set: Dataset
-    val_set: Dataset
+    task_data: TaskData
     train_sampler: ResumableSampler
     train_loader: DataLoader
     val_loader: DataLoader
-    img_size: int
-    eval_config: dict[str, Any]  # the evaluation preprocessing (timm's resolved data config)
-    batch_size: int  # per process: the configured one, capped at the images one process sees
+    batch_size: int  # per process: the configured one, capped at the samples one process sees
     steps_per_epoch: int
 
 
@@ -93,8 +88,6 @@ class Training:
     scheduler: Any
     scaler: torch.amp.GradScaler
     ema: Optional[ModelEmaV3]
-    mixup: Optional[Mixup]
-    criterion: nn.Module
     meta: dict[str, Any]  # what rebuilds the model from a checkpoint without flags
     learning_rates: dict[str, float]  # lr, min_lr, warmup_lr after scaling by the total batch
 
@@ -109,12 +102,19 @@ class RunState:
     loss_sum: float = 0.0
     samples: int = 0
     seconds: float = 0.0
-    best_top1: Optional[float] = None
+    best_score: Optional[float] = None  # best value of the task's best_metric so far
     best_epoch: Optional[int] = None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Mapping[str, Any]) -> "RunState":
+        progress = dict(ckpt["progress"])
+        if "best_top1" in progress:  # checkpoints written before tasks named their best metric
+            progress["best_score"] = progress.pop("best_top1")
+        return cls(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **progress)
 
     def progress(self) -> dict[str, Any]:
         return {"loss_sum": self.loss_sum, "samples": self.samples, "seconds": self.seconds,
-                "best_top1": self.best_top1, "best_epoch": self.best_epoch}
+                "best_score": self.best_score, "best_epoch": self.best_epoch}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -175,13 +175,16 @@ def train(
     config: TrainConfig | Mapping[str, Any],
     config_file: Optional[str] = None,
     stop: Optional[StopFlag] = None,
+    task: Optional[Callable[[TrainConfig], Task]] = None,
 ) -> TrainResult:
-    """Train a model as ``config`` says; returns where the checkpoints are and the best accuracy.
+    """Train a model as ``config`` says; returns where the checkpoints are and the best score.
 
     ``config`` is a :class:`TrainConfig`, or a mapping of its fields that is layered over the
-    built-in data set's defaults and ``config_file`` (see :func:`prepare_config`). ``stop``, when
-    set (by SIGINT/SIGTERM, which this handles while it runs, or by the caller), ends the run after
-    the current step with a checkpoint. Works as one process or under torchrun.
+    built-in data set's defaults and ``config_file`` (see :func:`prepare_config`). ``task`` builds
+    the :class:`~weightformer.engine.task.Task` from the resolved config (default:
+    :class:`~weightformer.classification.ClassificationTask`). ``stop``, when set (by
+    SIGINT/SIGTERM, which this handles while it runs, or by the caller), ends the run after the
+    current step with a checkpoint. Works as one process or under torchrun.
     """
     if isinstance(config, TrainConfig):
         cfg, applied = validate_config(config), {}
@@ -189,6 +192,10 @@ def train(
             cfg = dataclasses.replace(cfg, output=_default_output(cfg))
     else:
         cfg, applied = prepare_config(config, config_file)
+    if task is None:
+        from ..classification import ClassificationTask
+
+        task = ClassificationTask
     dist_info = init_distributed(cfg.device)
     stop = stop if stop is not None else StopFlag()
     stop.install()
@@ -198,13 +205,13 @@ def train(
             model_first = {"model": applied.pop("model")} if "model" in applied else {}
             shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
             print(f"defaults for small images ({cfg.data}): {shown} (override with flags or --config)")
-        return _run(cfg, dist_info, stop)
+        return _run(cfg, task(cfg), dist_info, stop)
     finally:
         stop.uninstall()
         shutdown_distributed(dist_info)
 
 
-def _run(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
+def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
     output = Path(cfg.output)
     resume_from = _resume_path(cfg)
     ckpt = _read_resume_checkpoint(resume_from) if resume_from else None
@@ -215,14 +222,14 @@ def _run(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
     check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
     _setup_determinism(cfg, dist_info)
 
-    data = build_data(cfg, dist_info)
-    training = build_training(cfg, data, dist_info)
+    data = build_data(cfg, task, dist_info)
+    training = build_training(cfg, task, data, dist_info)
     if ckpt is not None:
-        state = restore(ckpt, str(resume_from), training, data, dist_info)
+        state = restore(ckpt, str(resume_from), task, training, data, dist_info)
     else:
         state = RunState()
         if cfg.init is not None:
-            init_from_weights(training, cfg.init, dist_info)
+            init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
         training.train_model = torch.compile(training.train_model)
     if dist_info.distributed:
@@ -243,16 +250,16 @@ def _run(cfg: TrainConfig, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
     stopped_by: Optional[str] = None
     try:
         while state.epoch < cfg.epochs and state.global_step < total_steps:
-            stopped_by = train_one_epoch(cfg, data, training, state, progress, stop, total_steps, dist_info)
+            stopped_by = train_one_epoch(cfg, task, data, training, state, progress, stop, total_steps, dist_info)
             if stopped_by is not None:  # save where the run stands; a resumed run evaluates this epoch at its end
                 checkpoint = _checkpoint_state(training, state, cfg, dist_info)
                 if dist_info.is_main:
                     save_atomic(checkpoint, output / "last.pt")
                 break
-            end_epoch(cfg, data, training, state, progress, output, dist_info)
+            end_epoch(cfg, task, data, training, state, progress, output, dist_info)
     finally:
         progress.close()
-    return finish(cfg, training, state, output, stopped_by, dist_info.is_main)
+    return finish(task, training, state, output, stopped_by, dist_info.is_main)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -272,116 +279,59 @@ def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def _pretrained_cfg(model_name: str) -> dict[str, Any]:
-    if not timm.is_model(model_name):
-        raise ConfigError(f"unknown timm model {model_name!r}; list names with timm.list_models('*{model_name[:6]}*')")
-    pretrained_cfg = timm.models.get_pretrained_cfg(model_name)
-    return pretrained_cfg.to_dict() if pretrained_cfg is not None else {}
-
-
-def build_data(cfg: TrainConfig, dist_info: DistInfo) -> TrainData:
-    """Open the data set, build the transforms (the model's own evaluation preprocessing for val),
-    the samplers and the loaders, with the batch capped at the images one process sees."""
-    info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
-    img_size = cfg.img_size or 224
-    eval_config = eval_data_config(
-        _pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=img_size, interpolation=cfg.interpolation,
-        crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode, mean=info.mean, std=info.std,
-    )
-    train_tf, val_tf = build_transforms(
-        img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip, color_jitter=cfg.color_jitter,
-        auto_augment=cfg.auto_augment, reprob=cfg.reprob, interpolation=cfg.interpolation, crop_pct=cfg.crop_pct,
-        crop_mode=eval_config["crop_mode"], no_aug=cfg.no_aug,
-    )
-    train_set: Dataset = SeededTransformDataset(splits["train"], train_tf, seed=cfg.seed)
-    val_set: Dataset = SeededTransformDataset(splits["val"], val_tf)
-    if isinstance(splits["train"], ArrayImageDataset):  # small and in memory: transform once, not every epoch
-        val_set = precompute(val_set)
-        train_set = precompute(train_set) if cfg.no_aug else train_set
-    train_sampler = ResumableSampler(len(train_set), dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.seed)
-    val_sampler = ResumableSampler(len(val_set), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
+def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
+    """The task's splits, each process's shard of them, and the loaders, with the batch capped at
+    the samples one process sees."""
+    task_data = task.build_data(dist_info)
+    n_train, n_val = len(task_data.train_set), len(task_data.val_set)  # type: ignore[arg-type]
+    train_sampler = ResumableSampler(n_train, dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.seed)
+    val_sampler = ResumableSampler(n_val, dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
     batch_size = min(cfg.batch_size, train_sampler.shard_size)
     if batch_size < cfg.batch_size and dist_info.is_main:
-        warnings.warn(f"batch size {cfg.batch_size} is larger than the {train_sampler.shard_size} training images "
+        warnings.warn(f"batch size {cfg.batch_size} is larger than the {train_sampler.shard_size} training samples "
                       f"each process sees; using batch {batch_size} (the learning rate is scaled to it)")
-    loader_args = dict(num_workers=min(cfg.workers, os.cpu_count() or 1), pin_memory=dist_info.device.type == "cuda")
+    loader_args = dict(num_workers=min(cfg.workers, os.cpu_count() or 1), pin_memory=dist_info.device.type == "cuda",
+                       collate_fn=task_data.collate_fn)
     # Private generators: building loader iterators must not draw from the global RNG (exact resume).
-    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
+    train_loader = DataLoader(task_data.train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
                               generator=torch.Generator(), **loader_args)
-    val_loader = DataLoader(val_set, batch_size=batch_size, sampler=val_sampler, generator=torch.Generator(),
-                            **loader_args)
-    return TrainData(info, train_set, val_set, train_sampler, train_loader, val_loader, img_size, eval_config,
-                     batch_size, steps_per_epoch=train_sampler.shard_size // batch_size)
+    val_loader = DataLoader(task_data.val_set, batch_size=batch_size, sampler=val_sampler,
+                            generator=torch.Generator(), **loader_args)
+    return TrainData(task_data, train_sampler, train_loader, val_loader, batch_size,
+                     steps_per_epoch=train_sampler.shard_size // batch_size)
 
 
-def _model_kwargs(cfg: TrainConfig, img_size: int) -> dict[str, Any]:
-    """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
-    kwargs = dict(cfg.model_kwargs)
-    fixed_size = _pretrained_cfg(cfg.model).get("fixed_input_size", False)
-    if cfg.model.startswith("weightformer") or fixed_size:
-        kwargs.setdefault("img_size", img_size)
-    return kwargs
-
-
-def build_training(cfg: TrainConfig, data: TrainData, dist_info: DistInfo) -> Training:
-    """The model (checked on one blank image), optimizer, per-step cosine schedule, scaler, EMA and loss."""
-    info = data.info
-    meta = {
-        "model": cfg.model, "model_kwargs": _model_kwargs(cfg, data.img_size), "num_classes": info.num_classes,
-        "in_chans": info.in_chans, "img_size": data.img_size, "data": info.name, "classes": list(info.classes),
-        "mean": list(info.mean), "std": list(info.std), "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct,
-        "crop_mode": data.eval_config["crop_mode"],
-    }
-    model = build_model(meta).to(dist_info.device)
-    check_input_size(model, meta, dist_info.device)
+def build_training(cfg: TrainConfig, task: Task, data: TrainData, dist_info: DistInfo) -> Training:
+    """The task's model, then the optimizer (the task's parameter groups, if any), per-step cosine
+    schedule, grad scaler and EMA."""
+    model, meta = task.build_model(data.task_data, dist_info.device)
     if cfg.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
             raise ConfigError(f"{cfg.model} does not support gradient checkpointing; drop --grad-checkpointing")
         model.set_grad_checkpointing(True)
     lrs = scaled_learning_rates(cfg, data.batch_size * dist_info.world_size)
-    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lrs["lr"], weight_decay=cfg.weight_decay)
+    params = task.param_groups(model)
+    optimizer = create_optimizer_v2(params if params is not None else model, opt=cfg.opt, lr=lrs["lr"],
+                                    weight_decay=cfg.weight_decay)
     scheduler, _ = create_scheduler_v2(
         optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, min_lr=lrs["min_lr"],
         warmup_lr=lrs["warmup_lr"], step_on_epochs=False, updates_per_epoch=data.steps_per_epoch,
     )
-    mixup = None
-    if cfg.mixup > 0 or cfg.cutmix > 0:
-        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
-                      num_classes=info.num_classes)
-        criterion: nn.Module = SoftTargetCrossEntropy()  # Mixup returns smoothed soft targets
-    elif cfg.smoothing > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
-    else:
-        criterion = nn.CrossEntropyLoss()
     return Training(
         model=model, train_model=model, optimizer=optimizer, scheduler=scheduler,
         scaler=torch.amp.GradScaler(dist_info.device.type, enabled=cfg.amp == "fp16"),
-        ema=ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None, mixup=mixup, criterion=criterion,
-        meta=meta, learning_rates=lrs,
+        ema=ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None, meta=meta, learning_rates=lrs,
     )
 
 
-def _check_same_data(old: Mapping[str, Any], info: DataInfo, source: str) -> None:
-    """A checkpoint's model was built for ``old``'s channels and classes; ``info`` must match them."""
-    if old.get("in_chans") not in (None, info.in_chans):
-        raise CheckpointError(
-            f"{source} was trained on {old['in_chans']}-channel images and {info.name} has {info.in_chans}-channel "
-            f"images; use data with {old['in_chans']} channel(s), or start a new run"
-        )
-    if old.get("num_classes") not in (None, info.num_classes):
-        raise CheckpointError(
-            f"{source} has {old['num_classes']} classes and {info.name} has {info.num_classes}; "
-            f"resume on the data set it was trained on ({old.get('data')})"
-        )
-
-
-def restore(ckpt: Mapping[str, Any], source: str, training: Training, data: TrainData, dist_info: DistInfo) -> RunState:
+def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training, data: TrainData,
+            dist_info: DistInfo) -> RunState:
     """Put the model, optimizer, schedule, scaler, EMA, generators and position back as ``ckpt`` saved them."""
     old = ckpt.get("meta") or {}
     if old.get("model") not in (None, training.meta["model"]):
         raise CheckpointError(f"{source} is a {old['model']} checkpoint, this run builds {training.meta['model']}; "
                               f"pass --model {old['model']} or a new --output")
-    _check_same_data(old, data.info, source)
+    task.check_checkpoint(old, source)
     load_weights(training.model, ckpt, source=source)
     training.optimizer.load_state_dict(ckpt["optimizer"])
     training.scheduler.load_state_dict(ckpt["scheduler"])
@@ -390,7 +340,7 @@ def restore(ckpt: Mapping[str, Any], source: str, training: Training, data: Trai
         training.ema.load_state_dict(ckpt["ema"])
     elif training.ema is not None:
         training.ema.set(training.model)
-    state = RunState(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **ckpt["progress"])
+    state = RunState.from_checkpoint(ckpt)
     rng = ckpt["rng"]
     if len(rng) == dist_info.world_size:
         restore_rng(rng[dist_info.rank])
@@ -405,16 +355,13 @@ def restore(ckpt: Mapping[str, Any], source: str, training: Training, data: Trai
     return state
 
 
-def init_from_weights(training: Training, path: str, dist_info: DistInfo) -> None:
+def init_from_weights(task: Task, training: Training, path: str, dist_info: DistInfo) -> None:
     """Start a new run from the weights in ``path`` (any format :func:`load_weights` reads).
 
     A classifier of another size (fine-tuning on other classes) is left as initialised, and said so.
     """
     ckpt = read_checkpoint(path)
-    saved_chans = (ckpt.get("meta") or {}).get("in_chans")
-    if saved_chans not in (None, training.meta["in_chans"]):
-        raise CheckpointError(f"--init {path} was trained on {saved_chans}-channel images and this run's data has "
-                              f"{training.meta['in_chans']}-channel images; use matching data or other weights")
+    task.check_checkpoint(dict(ckpt.get("meta") or {}), f"--init {path}", resuming=False)
     fresh = load_weights(training.model, ckpt, source=path, ignore_classifier=True)
     if training.ema is not None:
         training.ema.set(training.model)
@@ -425,15 +372,14 @@ def init_from_weights(training: Training, path: str, dist_info: DistInfo) -> Non
 
 def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: DistInfo, state: RunState,
               resumed_from: Optional[Path]) -> None:
-    info, meta = data.info, training.meta
+    meta = training.meta
     world_batch = data.batch_size * dist_info.world_size
     n_params = sum(p.numel() for p in training.model.parameters())
     kwargs = "".join(f"{k}={v} " for k, v in meta["model_kwargs"].items())
-    print(f"model {cfg.model} ({kwargs}{n_params / 1e6:.2f}M parameters), {info.num_classes} classes")
-    print(f"data {info.name}: {len(data.train_set)} train / {len(data.val_set)} val images at {data.img_size} px; "
-          f"{dist_info.world_size} process(es) on {dist_info.device.type}, batch {data.batch_size} per process "
-          f"(total {world_batch}), lr {cfg.lr:g} x {world_batch}/512 = {training.learning_rates['lr']:.3g}, "
-          f"{cfg.epochs} epochs of {data.steps_per_epoch} steps")
+    print(f"model {cfg.model} ({kwargs}{n_params / 1e6:.2f}M parameters)")
+    print(f"{data.task_data.description}; {dist_info.world_size} process(es) on {dist_info.device.type}, "
+          f"batch {data.batch_size} per process (total {world_batch}), lr {cfg.lr:g} x {world_batch}/512 = "
+          f"{training.learning_rates['lr']:.3g}, {cfg.epochs} epochs of {data.steps_per_epoch} steps")
     if cfg.warmup_epochs >= cfg.epochs:
         print(f"note: warmup_epochs ({cfg.warmup_epochs}) >= epochs ({cfg.epochs}): the learning rate only warms up")
     if cfg.resume == "auto" and resumed_from is None:
@@ -449,8 +395,8 @@ _CONTINUE, _STOP, _DIVERGED = 0, 1, 2
 
 
 def train_one_epoch(
-    cfg: TrainConfig, data: TrainData, training: Training, state: RunState, progress: Progress, stop: StopFlag,
-    total_steps: int, dist_info: DistInfo,
+    cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState, progress: Progress,
+    stop: StopFlag, total_steps: int, dist_info: DistInfo,
 ) -> Optional[str]:
     """Optimizer steps until the epoch ends, ``total_steps`` is reached or a stop is asked for.
 
@@ -459,18 +405,15 @@ def train_one_epoch(
     """
     device = dist_info.device
     data.train_sampler.set_epoch(state.epoch, start=state.step_in_epoch * data.batch_size)
-    if isinstance(data.train_set, SeededTransformDataset):
-        data.train_set.set_epoch(state.epoch)
+    if hasattr(data.task_data.train_set, "set_epoch"):
+        data.task_data.train_set.set_epoch(state.epoch)
     training.train_model.train()
     progress.start_epoch(state.epoch, cfg.epochs, data.steps_per_epoch, state.step_in_epoch)
     stopped_by = None
     tick = time.perf_counter()
-    for images, targets in data.train_loader:
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        if training.mixup is not None:
-            images, targets = training.mixup(images, targets)  # targets: (B,) -> (B, num_classes) soft labels
+    for batch in data.train_loader:
         with autocast(device, cfg.amp):
-            loss = training.criterion(training.train_model(images), targets)
+            loss, batch_samples = task.training_loss(training.train_model, batch, device)
         training.optimizer.zero_grad(set_to_none=True)
         training.scaler.scale(loss).backward()
         if cfg.clip_grad is not None:
@@ -490,11 +433,11 @@ def train_one_epoch(
             raise TrainingDivergedError(_divergence_message(loss_value, cfg, data, state))
 
         now = time.perf_counter()
-        state.loss_sum += loss_value * images.shape[0]
-        state.samples += images.shape[0]
+        state.loss_sum += loss_value * batch_samples
+        state.samples += batch_samples
         state.seconds += now - tick
         progress.step(state.step_in_epoch, state.global_step, loss_value, training.optimizer.param_groups[0]["lr"],
-                      images.shape[0] * dist_info.world_size / max(now - tick, 1e-9))
+                      batch_samples * dist_info.world_size / max(now - tick, 1e-9))
         tick = now
         if level == _STOP:
             stopped_by = stop.signal_name or "another rank's signal"
@@ -526,38 +469,38 @@ def _checkpoint_state(training: Training, state: RunState, cfg: TrainConfig, dis
     }
 
 
-def _evaluation_record(data: TrainData, training: Training, state: RunState, cfg: TrainConfig,
+def _evaluation_record(task: Task, data: TrainData, training: Training, state: RunState, cfg: TrainConfig,
                        dist_info: DistInfo, partial: bool) -> dict[str, Any]:
+    """One metrics.jsonl line: the task's metrics as ``val_<name>`` (and ``val_<name>_ema``), plus the loop's."""
     device = dist_info.device
-    result = evaluate(training.model, data.val_loader, device, cfg.amp, dist_info)
+    metrics = task.evaluate(training.model, data.val_loader, device, cfg.amp, dist_info)
     totals = all_reduce_sum(torch.tensor([state.loss_sum, float(state.samples)], dtype=torch.float64, device=device),
                             dist_info)
-    record = {
-        "epoch": state.epoch + 1, "step": state.global_step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
-        "val_loss": result["loss"], "val_top1": result["top1"], "val_top5": result["top5"],
-        "val_images": result["num_samples"], "lr": training.optimizer.param_groups[0]["lr"],
-        "img_per_s": totals[1].item() / max(state.seconds, 1e-9), "world_size": dist_info.world_size,
-    }
+    record = {"epoch": state.epoch + 1, "step": state.global_step, "train_loss": totals[0].item() / max(totals[1].item(), 1)}
+    record.update({f"val_{name}": value for name, value in metrics.items()})
+    record.update(lr=training.optimizer.param_groups[0]["lr"], img_per_s=totals[1].item() / max(state.seconds, 1e-9),
+                  world_size=dist_info.world_size)
     if training.ema is not None:
-        ema_result = evaluate(training.ema.module, data.val_loader, device, cfg.amp, dist_info)
-        record.update(val_top1_ema=ema_result["top1"], val_top5_ema=ema_result["top5"])
+        ema_metrics = task.evaluate(training.ema.module, data.val_loader, device, cfg.amp, dist_info)
+        record.update({f"val_{name}_ema": ema_metrics[name] for name in task.curve_metrics})
     if partial:
         record["partial"] = True
     return record
 
 
-def end_epoch(cfg: TrainConfig, data: TrainData, training: Training, state: RunState, progress: Progress,
-              output: Path, dist_info: DistInfo) -> None:
-    """Evaluate, then write metrics.jsonl, last.pt, best.pt (when top-1 improved) and curves.png.
+def end_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState,
+              progress: Progress, output: Path, dist_info: DistInfo) -> None:
+    """Evaluate, then write metrics.jsonl, last.pt, best.pt (when the task's best metric improved) and curves.png.
 
     A run that stopped at ``max_steps`` mid-epoch is evaluated too (its record is marked partial)
     and its checkpoint continues that epoch.
     """
     epoch_done = state.step_in_epoch == data.steps_per_epoch
-    record = _evaluation_record(data, training, state, cfg, dist_info, partial=not epoch_done)
-    improved = state.best_top1 is None or record["val_top1"] > state.best_top1
+    record = _evaluation_record(task, data, training, state, cfg, dist_info, partial=not epoch_done)
+    score = record[f"val_{task.best_metric}"]
+    improved = state.best_score is None or score > state.best_score
     if improved:
-        state.best_top1, state.best_epoch = record["val_top1"], state.epoch + 1
+        state.best_score, state.best_epoch = score, state.epoch + 1
     finished_epoch = state.epoch
     if epoch_done:
         state.epoch, state.step_in_epoch = state.epoch + 1, 0
@@ -569,22 +512,22 @@ def end_epoch(cfg: TrainConfig, data: TrainData, training: Training, state: RunS
     save_atomic(checkpoint, output / "last.pt")
     if improved:
         best = {k: checkpoint[k] for k in ("model", "ema", "meta", "config", "epoch", "global_step")}
-        save_atomic(best | {"val_top1": record["val_top1"], "val_top5": record["val_top5"]}, output / "best.pt")
-    plot_curves(output / "metrics.jsonl", output / "curves.png")
-    ema_text = f" (EMA {record['val_top1_ema']:.2f}%)" if training.ema is not None else ""
+        save_atomic(best | {k: v for k, v in record.items() if k.startswith("val_")}, output / "best.pt")
+    plot_curves(output / "metrics.jsonl", output / "curves.png", [f"val_{name}" for name in task.curve_metrics])
+    metrics = {k[len("val_"):]: v for k, v in record.items() if k.startswith("val_")}
+    ema_text = f" (EMA {task.format_score(record[f'val_{task.best_metric}_ema'])})" if training.ema is not None else ""
     progress.write(
-        f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
-        f"val loss {record['val_loss']:.4f}, top-1 {record['val_top1']:.2f}%{ema_text}, "
-        f"top-5 {record['val_top5']:.2f}% ({record['val_images']} images), {record['img_per_s']:.0f} img/s, "
+        f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, {task.summary(metrics)}"
+        f"{ema_text}, {record['img_per_s']:.0f} img/s, "
         f"elapsed {format_duration(time.perf_counter() - progress.run_start)}"
     )
 
 
-def finish(cfg: TrainConfig, training: Training, state: RunState, output: Path, stopped_by: Optional[str],
+def finish(task: Task, training: Training, state: RunState, output: Path, stopped_by: Optional[str],
            main: bool) -> TrainResult:
     """The run's result, and (on the main process) where everything is and what to run next."""
     last_path, best_path = output / "last.pt", output / "best.pt"
-    best = state.best_top1
+    best = state.best_score
     eval_command = f"weightformer eval --checkpoint {best_path if best is not None else last_path}"
     if main:
         if stopped_by is not None:
@@ -593,11 +536,11 @@ def finish(cfg: TrainConfig, training: Training, state: RunState, output: Path, 
                   f"resume with: weightformer train --output {output} --resume auto")
         else:
             if best is not None:
-                print(f"done: best top-1 {best:.2f}% at epoch {state.best_epoch}, checkpoint {best_path}")
+                print(f"done: best {task.format_score(best)} at epoch {state.best_epoch}, checkpoint {best_path}")
             print(f"last checkpoint {last_path}; metrics {output / 'metrics.jsonl'}; curves {output / 'curves.png'}")
             print(f"evaluate with: {eval_command}", flush=True)
     return TrainResult(
-        output=str(output), best_top1=best, best_epoch=state.best_epoch, last_checkpoint=str(last_path),
-        best_checkpoint=str(best_path) if best is not None else None, global_step=state.global_step,
-        stopped_by=stopped_by, eval_command=eval_command, model=training.model,
+        output=str(output), best_metric=task.best_metric, best_score=best, best_epoch=state.best_epoch,
+        last_checkpoint=str(last_path), best_checkpoint=str(best_path) if best is not None else None,
+        global_step=state.global_step, stopped_by=stopped_by, eval_command=eval_command, model=training.model,
     )

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -33,8 +33,8 @@ def truncate_metrics(path: Path, completed_epochs: int) -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
-def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    """Loss (train, val) and top-1/top-5 accuracy against epoch, as a PNG."""
+def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str] = ("val_top1", "val_top5")) -> None:
+    """Loss (train, and val where the task reports one) and the task's ``metrics`` against epoch, as a PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -44,14 +44,15 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     epochs = [r["epoch"] for r in records]
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
-    ax_loss, ax_acc = fig.subplots(1, 2)
-    ax_loss.plot(epochs, [r["train_loss"] for r in records], marker="o", label="train (smoothed or mixed targets)")
-    ax_loss.plot(epochs, [r["val_loss"] for r in records], marker="o", label="val")
+    ax_loss, ax_metrics = fig.subplots(1, 2)
+    ax_loss.plot(epochs, [r["train_loss"] for r in records], marker="o", label="train")
+    if all("val_loss" in r for r in records):
+        ax_loss.plot(epochs, [r["val_loss"] for r in records], marker="o", label="val")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
-    ax_acc.plot(epochs, [r["val_top1"] for r in records], marker="o", label="top-1")
-    ax_acc.plot(epochs, [r["val_top5"] for r in records], marker="o", label="top-5")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy")
-    for ax in (ax_loss, ax_acc):
+    for name in metrics:
+        ax_metrics.plot(epochs, [r.get(name, float("nan")) for r in records], marker="o", label=name.removeprefix("val_"))
+    ax_metrics.set(xlabel="epoch", title="validation")
+    for ax in (ax_loss, ax_metrics):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

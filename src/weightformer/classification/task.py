@@ -1,0 +1,134 @@
+"""Classification as a task of the shared loop: ImageFolder or built-in data with timm's transforms,
+any timm model, Mixup/CutMix with smoothed cross-entropy, and top-1/top-5 evaluation."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import timm
+import torch
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..checkpoint import CheckpointError
+from ..data import ArrayImageDataset, DataInfo, SeededTransformDataset, open_dataset, precompute
+from ..data.transforms import build_transforms, eval_data_config
+from ..engine.config import TrainConfig
+from ..engine.distributed import DistInfo
+from ..engine.errors import ConfigError
+from ..engine.evaluate import evaluate
+from ..engine.state import build_model, check_input_size
+from ..engine.task import Task, TaskData
+
+__all__ = ["ClassificationTask"]
+
+
+def pretrained_cfg(model_name: str) -> dict[str, Any]:
+    """timm's pretrained config of ``model_name`` as a dict ({} if it has none)."""
+    if not timm.is_model(model_name):
+        raise ConfigError(f"unknown timm model {model_name!r}; list names with timm.list_models('*{model_name[:6]}*')")
+    cfg = timm.models.get_pretrained_cfg(model_name)
+    return cfg.to_dict() if cfg is not None else {}
+
+
+class ClassificationTask(Task):
+    """Train a timm classifier; validation uses the model's own evaluation preprocessing."""
+
+    name = "classification"
+    best_metric = "top1"
+    curve_metrics = ("top1", "top5")
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.info: Optional[DataInfo] = None
+        self.img_size = cfg.img_size or 224
+        self.eval_config: dict[str, Any] = {}
+        self.mixup: Optional[Mixup] = None
+        self.criterion: nn.Module = nn.CrossEntropyLoss()
+
+    def build_data(self, dist_info: DistInfo) -> TaskData:
+        cfg = self.cfg
+        info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
+        self.info = info
+        self.eval_config = eval_data_config(
+            pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=self.img_size,
+            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode, mean=info.mean,
+            std=info.std,
+        )
+        train_tf, val_tf = build_transforms(
+            self.img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip,
+            color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment, reprob=cfg.reprob,
+            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=self.eval_config["crop_mode"],
+            no_aug=cfg.no_aug,
+        )
+        train_set: Dataset = SeededTransformDataset(splits["train"], train_tf, seed=cfg.seed)
+        val_set: Dataset = SeededTransformDataset(splits["val"], val_tf)
+        if isinstance(splits["train"], ArrayImageDataset):  # small and in memory: transform once, not every epoch
+            val_set = precompute(val_set)
+            train_set = precompute(train_set) if cfg.no_aug else train_set
+        if cfg.mixup > 0 or cfg.cutmix > 0:
+            self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
+                               num_classes=info.num_classes)
+            self.criterion = SoftTargetCrossEntropy()  # Mixup returns smoothed soft targets
+        elif cfg.smoothing > 0:
+            self.criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
+        description = (f"data {info.name}: {len(train_set)} train / {len(val_set)} val images at {self.img_size} px, "
+                       f"{info.num_classes} classes")
+        return TaskData(train_set, val_set, description)
+
+    def _model_kwargs(self) -> dict[str, Any]:
+        """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
+        cfg = self.cfg
+        kwargs = dict(cfg.model_kwargs)
+        if cfg.model.startswith("weightformer") or pretrained_cfg(cfg.model).get("fixed_input_size", False):
+            kwargs.setdefault("img_size", self.img_size)
+        return kwargs
+
+    def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
+        cfg, info = self.cfg, self.info
+        assert info is not None, "build_data comes first"
+        meta = {
+            "task": self.name, "model": cfg.model, "model_kwargs": self._model_kwargs(),
+            "num_classes": info.num_classes, "in_chans": info.in_chans, "img_size": self.img_size, "data": info.name,
+            "classes": list(info.classes), "mean": list(info.mean), "std": list(info.std),
+            "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": self.eval_config["crop_mode"],
+        }
+        model = build_model(meta).to(device)
+        check_input_size(model, meta, device)
+        return model, meta
+
+    def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
+        info = self.info
+        assert info is not None, "build_data comes first"
+        if meta.get("in_chans") not in (None, info.in_chans):
+            raise CheckpointError(
+                f"{source} was trained on {meta['in_chans']}-channel images and {info.name} has "
+                f"{info.in_chans}-channel images; use data with {meta['in_chans']} channel(s), or start a new run"
+            )
+        if resuming and meta.get("num_classes") not in (None, info.num_classes):
+            raise CheckpointError(
+                f"{source} has {meta['num_classes']} classes and {info.name} has {info.num_classes}; "
+                f"resume on the data set it was trained on ({meta.get('data')})"
+            )
+
+    def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
+        images, targets = batch
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if self.mixup is not None:
+            images, targets = self.mixup(images, targets)  # targets: (B,) -> (B, num_classes) soft labels
+        return self.criterion(model(images), targets), images.shape[0]
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
+                 dist_info: DistInfo) -> dict[str, float]:
+        result = evaluate(model, loader, device, amp, dist_info)
+        return {"loss": result["loss"], "top1": result["top1"], "top5": result["top5"],
+                "images": result["num_samples"]}
+
+    def format_score(self, value: float) -> str:
+        return f"top-1 {value:.2f}%"
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        return (f"top-1 {metrics['top1']:.2f}%, top-5 {metrics['top5']:.2f}% ({metrics['images']} images), "
+                f"val loss {metrics['loss']:.4f}")

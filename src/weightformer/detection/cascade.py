@@ -1,0 +1,179 @@
+"""Cascade R-CNN box heads (Cai & Vasconcelos, 2018) on torchvision's RoI heads, with one mask head.
+
+Stage t is a torchvision :class:`RoIHeads` with its own IoU threshold, box coder weights, box head and
+class-agnostic box predictor. In training each stage matches and samples its own proposals (ground
+truth appended) and stage t+1 takes the refined, detached boxes of stage t. At inference the class
+scores are the mean of the three stages' softmax scores; the boxes come from the last stage, and the
+mask head runs on them. The mask head trains on the positives of the first stage, as detectron2's
+``CascadeROIHeads`` (ViTDet's Cascade Mask R-CNN) does.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.models.detection.roi_heads import RoIHeads, maskrcnn_inference, maskrcnn_loss
+from torchvision.ops import MultiScaleRoIAlign
+from torchvision.ops import boxes as box_ops
+
+__all__ = ["STAGE_IOU_THRESHOLDS", "STAGE_LOSS_WEIGHTS", "STAGE_REG_WEIGHTS", "AgnosticBoxPredictor",
+           "CascadeRoIHeads"]
+
+STAGE_IOU_THRESHOLDS = (0.5, 0.6, 0.7)
+STAGE_REG_WEIGHTS = ((10.0, 10.0, 5.0, 5.0), (20.0, 20.0, 10.0, 10.0), (30.0, 30.0, 15.0, 15.0))
+STAGE_LOSS_WEIGHTS = (1.0, 0.5, 0.25)
+
+
+class AgnosticBoxPredictor(nn.Module):
+    """Class scores (background at 0) and one class-agnostic box delta per RoI."""
+
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.cls_score = nn.Linear(in_features, num_classes)
+        self.bbox_pred = nn.Linear(in_features, 4)
+        # detectron2's init: small logits and near-zero deltas, so every stage starts from its input boxes
+        nn.init.normal_(self.cls_score.weight, std=0.01)
+        nn.init.normal_(self.bbox_pred.weight, std=0.001)
+        nn.init.zeros_(self.cls_score.bias)
+        nn.init.zeros_(self.bbox_pred.bias)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.flatten(1)  # (R, D)
+        return self.cls_score(x), self.bbox_pred(x)  # (R, num_classes), (R, 4)
+
+
+def agnostic_box_loss(class_logits: Tensor, box_deltas: Tensor, labels: list[Tensor],
+                      regression_targets: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """torchvision's Fast R-CNN loss (cross-entropy; smooth L1 over positives / sampled RoIs) for one
+    class-agnostic delta per RoI."""
+    labels_all = torch.cat(labels)  # (R,)
+    targets = torch.cat(regression_targets)  # (R, 4)
+    if labels_all.numel() == 0:  # no RoI left in the batch: zero losses that keep the graph, not NaN means
+        return class_logits.sum() * 0, box_deltas.sum() * 0
+    classification = F.cross_entropy(class_logits, labels_all)
+    positive = labels_all > 0
+    box_reg = F.smooth_l1_loss(box_deltas[positive], targets[positive], beta=1 / 9, reduction="sum")
+    return classification, box_reg / labels_all.numel()
+
+
+class CascadeRoIHeads(nn.Module):
+    """Three box stages at rising IoU thresholds, then a mask head; a drop-in for ``RoIHeads``.
+
+    ``forward(features, proposals, image_shapes, targets)`` returns ``(detections, losses)`` as
+    torchvision's :class:`RoIHeads` does, with losses ``loss_classifier_stage{t}``,
+    ``loss_box_reg_stage{t}`` (already scaled by the stage's loss weight) and ``loss_mask``.
+    """
+
+    def __init__(
+        self,
+        box_roi_pool: MultiScaleRoIAlign,
+        box_heads: Sequence[nn.Module],
+        box_predictors: Sequence[AgnosticBoxPredictor],
+        mask_roi_pool: MultiScaleRoIAlign,
+        mask_head: nn.Module,
+        mask_predictor: nn.Module,
+        iou_thresholds: Sequence[float] = STAGE_IOU_THRESHOLDS,
+        reg_weights: Sequence[Sequence[float]] = STAGE_REG_WEIGHTS,
+        loss_weights: Sequence[float] = STAGE_LOSS_WEIGHTS,
+        batch_size_per_image: int = 512,
+        positive_fraction: float = 0.25,
+        score_thresh: float = 0.05,
+        nms_thresh: float = 0.5,
+        detections_per_img: int = 100,
+    ):
+        super().__init__()
+        per_stage = {len(box_heads), len(box_predictors), len(iou_thresholds), len(reg_weights), len(loss_weights)}
+        if len(per_stage) != 1:
+            raise ValueError(f"every cascade stage needs a box head, predictor, IoU threshold, coder weights "
+                             f"and loss weight; got stage counts {sorted(per_stage)}")
+        # Each stage is a box-only RoIHeads: it brings its matcher (fg = bg threshold, as in Cascade
+        # R-CNN), sampler and box coder, and select_training_samples appends the ground truth.
+        self.stages = nn.ModuleList(
+            RoIHeads(box_roi_pool, head, predictor, iou, iou, batch_size_per_image, positive_fraction,
+                     tuple(weights), score_thresh, nms_thresh, detections_per_img)
+            for head, predictor, iou, weights in zip(box_heads, box_predictors, iou_thresholds, reg_weights)
+        )
+        self.loss_weights = tuple(float(w) for w in loss_weights)
+        self.score_thresh = score_thresh
+        self.nms_thresh = nms_thresh
+        self.detections_per_img = detections_per_img
+        self.mask_roi_pool = mask_roi_pool
+        self.mask_head = mask_head
+        self.mask_predictor = mask_predictor
+
+    def _run_stage(self, t: int, features: dict[str, Tensor], proposals: list[Tensor],
+                   image_shapes: list[tuple[int, int]]) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """Class logits (R, C), deltas (R, 4) and refined boxes (one (R_i, 4) per image) of stage t."""
+        stage = self.stages[t]
+        x = stage.box_head(stage.box_roi_pool(features, proposals, image_shapes))
+        class_logits, deltas = stage.box_predictor(x)
+        boxes = stage.box_coder.decode(deltas.detach(), proposals).reshape(-1, 4)  # (R, 4)
+        refined = [box_ops.clip_boxes_to_image(b, shape)
+                   for b, shape in zip(boxes.split([len(p) for p in proposals]), image_shapes)]
+        return class_logits, deltas, refined
+
+    def forward(
+        self,
+        features: dict[str, Tensor],
+        proposals: list[Tensor],
+        image_shapes: list[tuple[int, int]],
+        targets: Optional[list[dict[str, Tensor]]] = None,
+    ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        if self.training:
+            return [], self._losses(features, proposals, image_shapes, targets)
+        return self._detect(features, proposals, image_shapes), {}
+
+    def _losses(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
+                targets: Optional[list[dict[str, Tensor]]]) -> dict[str, Tensor]:
+        if targets is None:
+            raise ValueError("CascadeRoIHeads needs targets in training mode")
+        losses: dict[str, Tensor] = {}
+        for t, stage in enumerate(self.stages):
+            if t > 0:  # the previous stage's boxes, without the empty ones degenerate deltas can make
+                proposals = [p[box_ops.remove_small_boxes(p, 1e-3)] for p in refined]
+            proposals, matched_idxs, labels, regression_targets = stage.select_training_samples(proposals, targets)
+            if t == 0:
+                mask_samples = (proposals, matched_idxs, labels)
+            class_logits, deltas, refined = self._run_stage(t, features, proposals, image_shapes)
+            loss_cls, loss_box = agnostic_box_loss(class_logits, deltas, labels, regression_targets)
+            losses[f"loss_classifier_stage{t}"] = self.loss_weights[t] * loss_cls
+            losses[f"loss_box_reg_stage{t}"] = self.loss_weights[t] * loss_box
+        proposals, matched_idxs, labels = mask_samples
+        positive = [torch.where(lab > 0)[0] for lab in labels]
+        mask_proposals = [p[i] for p, i in zip(proposals, positive)]
+        mask_logits = self.mask_predictor(self.mask_head(self.mask_roi_pool(features, mask_proposals, image_shapes)))
+        losses["loss_mask"] = maskrcnn_loss(mask_logits, mask_proposals, [t["masks"] for t in targets],
+                                            [t["labels"] for t in targets], [m[i] for m, i in zip(matched_idxs, positive)])
+        return losses
+
+    def _detect(self, features: dict[str, Tensor], proposals: list[Tensor],
+                image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
+        stage_scores = []
+        for t in range(len(self.stages)):
+            class_logits, _, refined = self._run_stage(t, features, proposals, image_shapes)
+            stage_scores.append(F.softmax(class_logits, -1))
+            if t < len(self.stages) - 1:
+                proposals = refined
+        scores = torch.stack(stage_scores).mean(0)  # (R, C): the ensemble of all stages
+        detections = [self._postprocess(b, s) for b, s in zip(refined, scores.split([len(b) for b in refined]))]
+        boxes = [d["boxes"] for d in detections]
+        mask_logits = self.mask_predictor(self.mask_head(self.mask_roi_pool(features, boxes, image_shapes)))
+        for d, mask_prob in zip(detections, maskrcnn_inference(mask_logits, [d["labels"] for d in detections])):
+            d["masks"] = mask_prob  # (N, 1, 28, 28); GeneralizedRCNNTransform pastes them into the image
+        return detections
+
+    def _postprocess(self, boxes: Tensor, scores: Tensor) -> dict[str, Tensor]:
+        """Per-class score threshold and NMS of one image's (R, 4) boxes and (R, C) scores."""
+        num_fg = scores.shape[1] - 1
+        labels = torch.arange(1, num_fg + 1, device=scores.device).expand(len(boxes), num_fg).reshape(-1)
+        boxes = boxes[:, None].expand(-1, num_fg, 4).reshape(-1, 4)  # every foreground class of every RoI
+        scores = scores[:, 1:].reshape(-1)
+        keep = torch.where(scores > self.score_thresh)[0]
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        keep = box_ops.remove_small_boxes(boxes, min_size=1e-2)
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        keep = box_ops.batched_nms(boxes, scores, labels, self.nms_thresh)[: self.detections_per_img]
+        return {"boxes": boxes[keep], "labels": labels[keep], "scores": scores[keep]}

@@ -1,0 +1,63 @@
+"""Predicted boxes and masks drawn on images, for ``--visualize N``."""
+
+from __future__ import annotations
+
+import colorsys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+from PIL import Image
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+from torchvision.transforms.functional import to_pil_image
+from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
+
+__all__ = ["draw_detections", "save_visualizations"]
+
+
+def _color(label: int) -> tuple[int, int, int]:
+    """A fixed, saturated colour per class: hues spaced by the golden ratio."""
+    r, g, b = colorsys.hsv_to_rgb((label * 0.618033988749895) % 1.0, 0.85, 1.0)
+    return int(255 * r), int(255 * g), int(255 * b)
+
+
+def draw_detections(image: Tensor, prediction: Mapping[str, Tensor], class_names: Sequence[str],
+                    score_threshold: float = 0.5, mask_threshold: float = 0.5) -> Image.Image:
+    """``image`` (3, H, W; float in [0, 1] or uint8) with the detections scoring at least
+    ``score_threshold`` drawn on it: masks (above ``mask_threshold``) shaded, boxes outlined and
+    labelled "name score". ``class_names[label]`` names a label (index 0 is the background)."""
+    canvas = image if image.dtype == torch.uint8 else (image.clamp(0, 1) * 255).round().to(torch.uint8)
+    canvas = canvas.cpu()
+    keep = prediction["scores"].detach().cpu() >= score_threshold
+    labels = prediction["labels"].detach().cpu()[keep].tolist()
+    colors = [_color(label) for label in labels]
+    if not labels:
+        return to_pil_image(canvas)
+    if "masks" in prediction:
+        masks = prediction["masks"].detach().cpu()[keep][:, 0] > mask_threshold  # (N, H, W)
+        canvas = draw_segmentation_masks(canvas, masks, alpha=0.45, colors=colors)
+    captions = [f"{class_names[label]} {score:.2f}"
+                for label, score in zip(labels, prediction["scores"].detach().cpu()[keep].tolist())]
+    canvas = draw_bounding_boxes(canvas, prediction["boxes"].detach().cpu()[keep], labels=captions, colors=colors, width=2)
+    return to_pil_image(canvas)
+
+
+@torch.no_grad()
+def save_visualizations(model: nn.Module, dataset: Dataset, out_dir: str | Path, count: int,
+                        class_names: Sequence[str], device: torch.device, score_threshold: float = 0.5) -> list[Path]:
+    """Run ``model`` on the first ``count`` images of ``dataset`` and write each, with its detections
+    drawn, as ``<out_dir>/<image_id>.png``; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    paths = []
+    for index in range(min(count, len(dataset))):  # type: ignore[arg-type]
+        image, target = dataset[index]
+        prediction = model([image.to(device)])[0]
+        path = out / f"{int(target['image_id'])}.png"
+        draw_detections(image, prediction, class_names, score_threshold).save(path)
+        paths.append(path)
+    model.train(was_training)
+    return paths
