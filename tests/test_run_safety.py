@@ -325,3 +325,14 @@ def test_eval_reads_the_authors_training_checkpoint(folder, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(path), "--model", "weightformer_tiny", "--data", str(folder),
                  "--img-size", "16", "--workers", "0", *TINY]) == 0
     assert "top-1" in capsys.readouterr().out
+
+
+def test_weights_for_other_channels_name_the_channels(run, tmp_path, capsys):
+    """A bare state dict of a 3-channel model evaluated on 1-channel digits: the channels are the cause."""
+    state = torch.load(run / "best.pt", weights_only=True)["model"]
+    path = tmp_path / "rgb_weights.pt"
+    torch.save(state, path)
+    assert main(["eval", "--checkpoint", str(path), "--model", "weightformer_tiny", "--data", "mnist",
+                 "--img-size", "16", "--workers", "0", *TINY]) == 2
+    err = _error_line(capsys)
+    assert "takes 3-channel images" in err and "1-channel" in err

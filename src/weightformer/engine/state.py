@@ -185,7 +185,17 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
     if not (missing or unexpected or reshaped):
         model.load_state_dict(state)
         return
-    classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
+    pretrained_cfg = getattr(model, "pretrained_cfg", None) or {}
+    stem_weight = f"{pretrained_cfg.get('first_conv', 'patch_embed.proj')}.weight"
+    if stem_weight in reshaped and state[stem_weight].dim() == 4 and expected[stem_weight].dim() == 4 \
+            and state[stem_weight].shape[0] == expected[stem_weight].shape[0] \
+            and state[stem_weight].shape[1] != expected[stem_weight].shape[1]:  # (out, in_chans, kh, kw)
+        raise CheckpointError(
+            f"{source} takes {state[stem_weight].shape[1]}-channel images and the model was built for "
+            f"{expected[stem_weight].shape[1]}-channel images (the data's); use data with "
+            f"{state[stem_weight].shape[1]} channel(s)"
+        )
+    classifier = pretrained_cfg.get("classifier", "head")
     head_weight = f"{classifier}.weight"
     only_head = all(k.startswith(f"{classifier}.") for k in reshaped)
     if head_weight in reshaped and only_head and not (missing or unexpected):
