@@ -71,7 +71,7 @@ def test_mnist_defaults_are_announced(tmp_path: Path, capsys):
     assert main(["train", "--output", str(tmp_path), "--max-steps", "1", "--model-arg", "embed_dim=32",
                  "--model-arg", "depth=2", "--batch-size", "16", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "defaults for small images (mnist): model=weightformer_tiny patch_size=4" in out
+    assert "defaults for mnist: model=weightformer_tiny patch_size=4" in out
     assert torch.load(tmp_path / "last.pt", weights_only=True)["meta"]["in_chans"] == 1
 
 

@@ -79,6 +79,14 @@ class TrainConfig:
     crop_mode: Optional[str] = None  # eval resize: center, squash or border; None: the model's pretrained config
     ema: bool = False  # the release keeps no EMA
     ema_decay: float = 0.99996
+    # dense tasks (detection, segmentation)
+    num_classes: Optional[int] = None  # None: the data's (COCO categories; 150 for ADE20K-layout segmentation)
+    reduce_zero_label: bool = True  # segmentation: label 0 is "unlabelled" and ignored, 1..K become 0..K-1
+    layer_decay: Optional[float] = None  # layer-wise LR decay of the backbone, e.g. 0.75; None: off
+    cascade: bool = False  # detection: Cascade Mask R-CNN (3 stages) instead of Mask R-CNN
+    seg_inference: str = "whole"  # segmentation evaluation: whole images, or slide (overlapping crops)
+    seg_crop: int = 512  # sliding-window crop
+    seg_stride: int = 341  # sliding-window stride
     # systems
     amp: str = "none"  # none, bf16 or fp16 (fp16 needs a GPU); the release's T and S use fp16
     compile: bool = False
@@ -221,8 +229,12 @@ def resolve_config(
     overrides: Mapping[str, Any] | None = None,
     config_file: str | Path | None = None,
     checkpoint_config: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> tuple[TrainConfig, dict[str, Any]]:
     """Layer defaults, data-set defaults, ``checkpoint_config``, ``config_file`` and ``overrides``.
+
+    ``defaults`` replaces the built-in data set's defaults as the layer above the dataclass's own
+    (a task's defaults for its offline data, say).
 
     ``model_kwargs`` mappings are merged key by key rather than replaced. Every value is checked
     (type, range, and the names timm accepts) before anything uses it; a bad one raises
@@ -235,7 +247,7 @@ def resolve_config(
     from_checkpoint = {k: v for k, v in (checkpoint_config or {}).items() if k in FIELDS and k not in _NOT_INHERITED}
     layers = [{k: _check_value(k, v) for k, v in layer.items()} for layer in (from_checkpoint, from_file, overrides)]
     data = next((layer["data"] for layer in reversed(layers) if "data" in layer), FIELDS["data"].default)
-    data_defaults = builtin_defaults(data)
+    data_defaults = dict(defaults) if defaults is not None else builtin_defaults(data)
     values: dict[str, Any] = {}
     model_kwargs: dict[str, Any] = {}
     for layer in [data_defaults, *layers]:
@@ -299,6 +311,11 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("resume", lambda v: v is None or bool(v), "auto, a checkpoint path, or null"),
     ("init", lambda v: v is None or bool(v), "a checkpoint path, or null"),
     ("log_interval", lambda v: v >= 1, "at least 1"),
+    ("num_classes", lambda v: v is None or v >= 1, "at least 1, or null for the data's own"),
+    ("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1], such as 0.75, or null for none"),
+    ("seg_inference", lambda v: v in ("whole", "slide"), "whole or slide"),
+    ("seg_crop", lambda v: v >= 1, "a positive number of pixels"),
+    ("seg_stride", lambda v: v >= 1, "a positive number of pixels"),
 )
 
 

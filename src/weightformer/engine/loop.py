@@ -151,19 +151,20 @@ def _read_resume_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def prepare_config(
-    overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None
+    overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None,
+    defaults: Optional[Mapping[str, Any]] = None,
 ) -> tuple[TrainConfig, dict[str, Any]]:
     """:func:`resolve_config`, with the default output folder filled in and, when resuming, the
     checkpoint's own config as the base layer (so ``--resume auto`` alone continues the same run).
     """
-    cfg, applied = resolve_config(overrides, config_file)
+    cfg, applied = resolve_config(overrides, config_file, defaults=defaults)
     cfg.output = cfg.output or _default_output(cfg)
     if cfg.resume is not None and cfg.init is not None:
         raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
     resume_from = _resume_path(cfg)
     if resume_from is not None:
         saved = _read_resume_checkpoint(resume_from).get("config")
-        cfg, applied = resolve_config(overrides, config_file, checkpoint_config=saved)
+        cfg, applied = resolve_config(overrides, config_file, checkpoint_config=saved, defaults=defaults)
         cfg.output = cfg.output or _default_output(cfg)
     return cfg, applied
 
@@ -176,11 +177,12 @@ def train(
     config_file: Optional[str] = None,
     stop: Optional[StopFlag] = None,
     task: Optional[Callable[[TrainConfig], Task]] = None,
+    defaults: Optional[Mapping[str, Any]] = None,
 ) -> TrainResult:
     """Train a model as ``config`` says; returns where the checkpoints are and the best score.
 
     ``config`` is a :class:`TrainConfig`, or a mapping of its fields that is layered over the
-    built-in data set's defaults and ``config_file`` (see :func:`prepare_config`). ``task`` builds
+    built-in data set's defaults (or ``defaults``) and ``config_file`` (see :func:`prepare_config`). ``task`` builds
     the :class:`~weightformer.engine.task.Task` from the resolved config (default:
     :class:`~weightformer.classification.ClassificationTask`). ``stop``, when set (by
     SIGINT/SIGTERM, which this handles while it runs, or by the caller), ends the run after the
@@ -191,7 +193,7 @@ def train(
         if cfg.output is None:
             cfg = dataclasses.replace(cfg, output=_default_output(cfg))
     else:
-        cfg, applied = prepare_config(config, config_file)
+        cfg, applied = prepare_config(config, config_file, defaults)
     if task is None:
         from ..classification import ClassificationTask
 
@@ -204,7 +206,7 @@ def train(
             shown_kwargs = applied.pop("model_kwargs", {})
             model_first = {"model": applied.pop("model")} if "model" in applied else {}
             shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
-            print(f"defaults for small images ({cfg.data}): {shown} (override with flags or --config)")
+            print(f"defaults for {cfg.data}: {shown} (override with flags or --config)")
         return _run(cfg, task(cfg), dist_info, stop)
     finally:
         stop.uninstall()
