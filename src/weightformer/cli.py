@@ -16,9 +16,9 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_train_arguments", "build_parser", "exit_code", "main", "run_reporting_errors", "train_overrides"]
 
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem with your input; please report it "
@@ -32,7 +32,8 @@ def _train_default(name: str) -> str:
     return f"(default: {FIELDS[name].default})"
 
 
-def _add_train_arguments(p: argparse.ArgumentParser) -> None:
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The run flags of ``weightformer train``, shared by every task's ``train`` command."""
     # Every default is SUPPRESS: only flags the user gives override the config file and data-set defaults.
     # The defaults shown are the paper's ImageNet recipe; a built-in data set (mnist) brings its own, printed
     # at the start of the run.
@@ -102,8 +103,8 @@ def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``weightformer`` (``bench`` options are parsed by the bench module)."""
     parser = argparse.ArgumentParser(prog="weightformer", description="Train, evaluate and benchmark WeightFormer.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench}")
-    _add_train_arguments(sub.add_parser(
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench,det,seg}")
+    add_train_arguments(sub.add_parser(
         "train", help="train a model (default: WeightFormer on the bundled MNIST)",
         description="Train a timm model (default: a small WeightFormer on the bundled MNIST digits, a few minutes "
                     "on a CPU). Defaults shown are the paper's ImageNet recipe; built-in data sets bring their own."))
@@ -112,10 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate a checkpoint or timm's pretrained weights: top-1, top-5, loss, img/s. Images are "
                     "preprocessed as the checkpoint was trained, else as the model's pretrained config says."))
     sub.add_parser("bench", help="speed and memory benchmarks (weightformer bench --help)", add_help=False)
+    sub.add_parser("det", help="detection and instance segmentation (weightformer det --help)", add_help=False)
+    sub.add_parser("seg", help="semantic segmentation (weightformer seg --help)", add_help=False)
     return parser
 
 
-def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the user gave as flags (``--set``, ``--model-kwargs`` included), for ``train``."""
     from .engine import parse_model_kwargs
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "config_file", "model_kwargs", "model_arg", "set")}
@@ -130,7 +134,12 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _run_train(args: argparse.Namespace) -> int:
     from .engine import train
 
-    result = train(_train_overrides(args), config_file=getattr(args, "config_file", None))
+    result = train(train_overrides(args), config_file=getattr(args, "config_file", None))
+    return exit_code(result)
+
+
+def exit_code(result: Any) -> int:
+    """0 for a finished run, 130 / 143 for one stopped by SIGINT / SIGTERM."""
     return SIGNAL_EXIT_CODES.get(result.stopped_by, 130) if result.stopped_by else 0
 
 
@@ -195,18 +204,14 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``weightformer`` and ``python -m weightformer``; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # parsed by the bench module, imported only now
-        return _run_bench(argv[1:])
-    args = build_parser().parse_args(argv)
+def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
+    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring."""
     from .engine import USER_ERRORS
     from .engine.errors import TrainingDivergedError
 
     previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
-        return _run_train(args) if args.command == "train" else _run_eval(args)
+        return command()
     except USER_ERRORS as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
@@ -220,10 +225,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if _is_out_of_memory(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             print(f"error: out of memory ({first}); pass a smaller --batch-size"
-                  f"{' or --grad-checkpointing' if args.command == 'train' else ''}", file=sys.stderr)
+                  f"{' or --grad-checkpointing' if hint_grad_checkpointing else ''}", file=sys.stderr)
             return 1
         traceback.print_exc()
         print(f"\n{BUG_REPORT}", file=sys.stderr)
         return 1
     finally:
         warnings.formatwarning = previous_format
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``weightformer`` and ``python -m weightformer``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # parsed by the bench module, imported only now
+        return _run_bench(argv[1:])
+    if argv[:1] in (["det"], ["seg"]):  # each dense task's own commands, imported only now
+        from importlib import import_module
+
+        package = {"det": "detection", "seg": "segmentation"}[argv[0]]
+        try:
+            task_cli = import_module(f".{package}.cli", __package__)
+        except ImportError as exc:
+            print(f"error: the {argv[0]} subcommand is unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 1
+        return int(task_cli.main(argv[1:]))
+    args = build_parser().parse_args(argv)
+    run = (lambda: _run_train(args)) if args.command == "train" else (lambda: _run_eval(args))
+    return run_reporting_errors(run, hint_grad_checkpointing=args.command == "train")
