@@ -336,3 +336,12 @@ def test_weights_for_other_channels_name_the_channels(run, tmp_path, capsys):
                  "--img-size", "16", "--workers", "0", *TINY]) == 2
     err = _error_line(capsys)
     assert "takes 3-channel images" in err and "1-channel" in err
+
+
+def test_eval_of_another_tasks_checkpoint_names_its_command(run, tmp_path, capsys):
+    ckpt = torch.load(run / "best.pt", weights_only=True)
+    ckpt["meta"]["task"] = "segmentation"
+    path = tmp_path / "seg.pt"
+    torch.save(ckpt, path)
+    assert main(["eval", "--checkpoint", str(path), "--workers", "0"]) == 2
+    assert "weightformer seg eval" in _error_line(capsys)

@@ -178,6 +178,11 @@ def evaluate_checkpoint(
     dist_info = init_distributed(device)
     try:
         ckpt = read_checkpoint(checkpoint) if checkpoint else {}
+        task = (ckpt.get("meta") or {}).get("task", "classification")
+        if task != "classification":
+            command = {"detection": "det", "segmentation": "seg"}.get(task, task)
+            raise CheckpointError(f"{checkpoint} is a {task} checkpoint; evaluate it with: weightformer {command} eval "
+                                  f"--checkpoint {checkpoint}")
         saved_data = (ckpt.get("meta") or {}).get("data")
         data = data or saved_data
         if data is None:
