@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .errors import ConfigError
 
 __all__ = [
-    "DistInfo", "all_gather_objects", "all_reduce_sum", "any_rank", "init_distributed", "max_over_ranks",
+    "DistInfo", "all_gather_objects", "all_reduce_sum", "init_distributed", "max_over_ranks",
     "shutdown_distributed",
 ]
 
@@ -75,15 +75,6 @@ def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
         values = values.clone()
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
-
-
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank when ``flag`` is true on at least one: keeps ranks stopping together."""
-    if not info.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
 
 
 def max_over_ranks(value: int, info: DistInfo) -> int:

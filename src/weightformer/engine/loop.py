@@ -31,13 +31,13 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, dispatch_clip_grad
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError, save_atomic
 from ..data import ResumableSampler
 from .config import TrainConfig, resolve_config, scaled_learning_rates, validate_config
 from .distributed import (
-    DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, max_over_ranks, shutdown_distributed,
+    DistInfo, all_gather_objects, all_reduce_sum, init_distributed, max_over_ranks, shutdown_distributed,
 )
 from .errors import ConfigError, TrainingDivergedError
 from .evaluate import autocast
