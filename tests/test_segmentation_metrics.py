@@ -104,7 +104,8 @@ else:
     metric.update(torch.tensor([[2, 2]]), torch.tensor([[2, 255]]))
 metric.all_reduce()
 result = metric.compute()
-print(f"rank{rank} {result['mIoU']:.6f} {result['aAcc']:.6f}")
+with open(os.path.join(os.environ["RESULTS"], f"rank{rank}.txt"), "w") as f:  # not stdout: ranks' prints interleave
+    f.write(f"rank{rank} {result['mIoU']:.6f} {result['aAcc']:.6f}")
 dist.destroy_process_group()
 """
 
@@ -114,10 +115,11 @@ def test_all_reduce_sums_areas_over_ranks(tmp_path: Path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RESULTS=str(tmp_path))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     whole = SegmentationMetric(3)
     whole.update(torch.tensor([[0, 1, 1, 2, 2]]), torch.tensor([[0, 1, 2, 2, 255]]))
     expected = whole.compute()
-    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank"))
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
     assert lines == [f"rank{r} {expected['mIoU']:.6f} {expected['aAcc']:.6f}" for r in (0, 1)]

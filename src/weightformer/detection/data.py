@@ -31,8 +31,9 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from ..data.errors import DataError
+from ..data.transforms import seeded_rng
 
-__all__ = ["CocoDetection", "DroppedBoxesWarning", "LargeScaleJitter", "collate", "drop_crowd"]
+__all__ = ["CocoDetection", "DroppedBoxesWarning", "LargeScaleJitter", "SeededJitterDataset", "collate", "drop_crowd"]
 
 Target = dict[str, Tensor]
 Transform = Callable[[Tensor, Target], tuple[Tensor, Target]]
@@ -221,3 +222,27 @@ class LargeScaleJitter:
         target.update(boxes=boxes, masks=masks)
         target.update({k: target[k][keep] for k in INSTANCE_KEYS})
         return image, target
+
+
+class SeededJitterDataset(Dataset):
+    """``transforms(*base[i])`` with the randomness fixed by (seed, epoch, i), as
+    :class:`weightformer.data.SeededTransformDataset` does for classification: the augmentation of a
+    sample does not depend on workers or on where a run resumed. The loop calls :meth:`set_epoch`."""
+
+    def __init__(self, base: CocoDetection, transforms: Transform, seed: int):
+        self.base = base
+        self.transforms = transforms
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Target]:
+        image, target = self.base[index]
+        sample_seed = int(np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0])
+        with seeded_rng(sample_seed % 2**63):
+            return self.transforms(image, target)

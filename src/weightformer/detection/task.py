@@ -1,18 +1,48 @@
-"""What a training engine calls for detection: the loss of a batch, and COCO metrics over a loader."""
+"""Detection as a task of the shared loop: COCO-layout data (or the offline ``shapes`` set), Mask R-CNN or
+Cascade Mask R-CNN on a timm backbone behind ViTDet's simple feature pyramid, COCO box and mask AP.
+
+:func:`training_loss` and :func:`evaluate` are the loss of a batch and the metrics over a loader;
+:class:`DetectionTask` is what :func:`weightformer.engine.train` runs (``task=DetectionTask``);
+:func:`build_detector` rebuilds a model from a checkpoint's ``meta``.
+
+``model_kwargs`` feeds two builders: ``conv_dim``, ``fc_dim`` and torchvision's ``rpn_*``, ``box_*``
+and ``bbox_*`` options go to :func:`build_maskrcnn`, every other key to the timm backbone.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+import math
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from .data import CocoDetection, Target, drop_crowd
-from .evaluation import CocoEvaluator
+from ..checkpoint import CheckpointError
+from ..data.errors import DataError
+from ..engine.config import TrainConfig
+from ..engine.distributed import DistInfo
+from ..engine.errors import ConfigError
+from ..engine.evaluate import autocast
+from ..engine.task import Task, TaskData
+from ..models.layer_decay import layer_decay_param_groups
+from ..models.pyramid import SimpleFeaturePyramid, build_backbone
+from . import synthetic
+from .data import CocoDetection, LargeScaleJitter, SeededJitterDataset, Target, collate, drop_crowd
+from .evaluation import METRIC_NAMES, CocoEvaluator
+from .model import build_maskrcnn
 
-__all__ = ["evaluate", "training_loss"]
+__all__ = ["DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "data_root", "evaluate", "split_model_kwargs",
+           "training_loss"]
+
+DEFAULT_IMG_SIZE = 1024  # ViTDet's: LSJ crops of 1024², and the model's min and max size
+LSJ_SCALES = (0.1, 2.0)  # ViTDet's large-scale jitter range
+BACKBONE_PATH = "backbone.backbone"  # the timm model inside the detector (Mask R-CNN -> SimpleFeaturePyramid)
+_DETECTOR_PREFIXES = ("rpn_", "box_", "bbox_")
+_CONV_DIM = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -42,11 +72,138 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
     was_training = model.training
     model.eval()
     evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
+    known = len(dataset.category_ids)
     for images, targets in loader:
         predictions = model([image.to(device, non_blocking=True) for image in images])
+        # labels past the file's categories (a model built with more classes) have nothing to be scored against
+        predictions = [{k: v[p["labels"] <= known] for k, v in p.items()} for p in predictions]
         evaluator.update([t["image_id"] for t in targets], predictions)
     model.train(was_training)
     gathered = _gather(evaluator.detections)
     evaluator.detections = {}
     evaluator.merge(gathered)
     return evaluator.compute()
+
+
+def data_root(data: str) -> Path:
+    """The COCO-layout folder ``--data`` names: the offline ``shapes`` set (drawn on first use), or a path."""
+    return synthetic.ensure_shapes() if data == synthetic.NAME else Path(data).expanduser()
+
+
+def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(backbone kwargs, detector kwargs)``: see the module docstring."""
+    detector = {k: v for k, v in kwargs.items() if k in ("conv_dim", "fc_dim") or k.startswith(_DETECTOR_PREFIXES)}
+    return {k: v for k, v in kwargs.items() if k not in detector}, detector
+
+
+def build_detector(meta: Mapping[str, Any]) -> nn.Module:
+    """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
+    size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
+    backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
+    try:
+        backbone = build_backbone(meta["model"], **backbone_kwargs)
+        pyramid = SimpleFeaturePyramid(backbone, out_channels=detector_kwargs.get("conv_dim", _CONV_DIM))
+        return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], min_size=meta["img_size"],
+                              max_size=meta["img_size"], **detector_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"cannot build a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']} with "
+                          f"model_kwargs {dict(meta['model_kwargs'])} ({exc})") from None
+
+
+def _class_names(dataset: CocoDetection, num_classes: int) -> list[str]:
+    """The category names (no background), padded with class<i> up to ``num_classes``."""
+    names = dataset.class_names[1:]
+    return names + [f"class{i}" for i in range(len(names) + 1, num_classes + 1)]
+
+
+def _percent(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+class DetectionTask(Task):
+    """Train a Mask R-CNN (or, with ``cascade``, a Cascade Mask R-CNN) on COCO-layout data.
+
+    Training images get large-scale jitter to ``img_size``² crops (with ``no_aug``, no scale jitter: each
+    image fits the square as it is) and flips with probability ``hflip``, seeded by (seed, epoch,
+    index); the model resizes every image so its long side is ``img_size``. ``num_classes`` counts the categories (None: the annotation file's).
+    """
+
+    name = "detection"
+    command = "weightformer det"
+    best_metric = "bbox_mAP"
+    curve_metrics = ("bbox_mAP", "bbox_mAP_50", "segm_mAP")
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.img_size = cfg.img_size or DEFAULT_IMG_SIZE
+        self.val_set: Optional[CocoDetection] = None
+        self.num_classes = 0
+
+    def build_data(self, dist_info: DistInfo) -> TaskData:
+        cfg = self.cfg
+        root = data_root(cfg.data)
+        train, val = CocoDetection(root, "train"), CocoDetection(root, "val")
+        if train.coco.cats != val.coco.cats:
+            raise DataError(f"{root}: the train and val annotation files declare different categories; "
+                            "both must list the same ones")
+        if not any(val.coco.getAnnIds(imgIds=val.image_ids, iscrowd=False)):
+            raise DataError(f"{val.annotation_file} has no annotated object, so there is no AP to measure; "
+                            "the val split needs annotations")
+        categories = len(train.category_ids)
+        self.num_classes = cfg.num_classes if cfg.num_classes is not None else categories
+        if self.num_classes < categories:
+            raise ConfigError(f"num_classes {self.num_classes} is fewer than the {categories} categories of "
+                              f"{train.annotation_file}; drop --num-classes to use the file's")
+        self.val_set = val
+        scales = (1.0, 1.0) if cfg.no_aug else LSJ_SCALES
+        train_set = SeededJitterDataset(train, LargeScaleJitter(self.img_size, scales, flip=cfg.hflip), seed=cfg.seed)
+        description = (f"data {cfg.data}: {len(train)} train / {len(val)} val images, {categories} categories, "
+                       f"{'flips' if cfg.no_aug else 'large-scale jitter'} to {self.img_size}² crops")
+        return TaskData(train_set, val, description, collate_fn=collate)
+
+    def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
+        cfg, val = self.cfg, self.val_set
+        assert val is not None, "build_data comes first"
+        meta = {
+            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
+            "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
+            "img_size": self.img_size, "data": cfg.data if cfg.data == synthetic.NAME else str(Path(cfg.data).resolve()),
+        }
+        return build_detector(meta).to(device), meta
+
+    def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
+        if meta.get("task") != self.name:
+            raise CheckpointError(f"{source} is not a detection checkpoint (task {meta.get('task', 'classification')}); "
+                                  "pass one written by weightformer det train")
+        for key, flag in (("num_classes", "--num-classes"), ("cascade", "--cascade")):
+            mine = self.num_classes if key == "num_classes" else self.cfg.cascade
+            if meta.get(key) != mine:
+                raise CheckpointError(f"{source} has {key} {meta.get(key)} and this run {mine}; pass {flag} to "
+                                      f"match it{', or start a new run' if resuming else ''}")
+
+    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
+        if self.cfg.layer_decay is None:
+            return None
+        try:
+            return layer_decay_param_groups(model, BACKBONE_PATH, self.cfg.weight_decay, self.cfg.layer_decay)
+        except ValueError as exc:
+            raise ConfigError(f"--layer-decay: {exc}") from None
+
+    def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
+        loss, _ = training_loss(model, batch, device)
+        return loss, len(batch[0])
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
+                 dist_info: DistInfo) -> dict[str, Any]:
+        with autocast(device, amp):
+            metrics = evaluate(model, loader, loader.dataset, device)
+        result: dict[str, Any] = {name: None if math.isnan(metrics[name]) else metrics[name] for name in METRIC_NAMES}
+        result["images"] = int(metrics["num_images"])
+        return result
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        return (f"bbox mAP {_percent(metrics['bbox_mAP'])} (AP50 {_percent(metrics['bbox_mAP_50'])}), "
+                f"mask mAP {_percent(metrics['segm_mAP'])} ({metrics['images']} images)")
+
+    def format_score(self, value: float) -> str:
+        return f"bbox mAP {value:.2f}"

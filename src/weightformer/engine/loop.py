@@ -530,12 +530,12 @@ def finish(task: Task, training: Training, state: RunState, output: Path, stoppe
     """The run's result, and (on the main process) where everything is and what to run next."""
     last_path, best_path = output / "last.pt", output / "best.pt"
     best = state.best_score
-    eval_command = f"weightformer eval --checkpoint {best_path if best is not None else last_path}"
+    eval_command = f"{task.command} eval --checkpoint {best_path if best is not None else last_path}"
     if main:
         if stopped_by is not None:
             print(f"stopped by {stopped_by} at epoch {state.epoch + 1}, step {state.step_in_epoch} (global step "
                   f"{state.global_step}); checkpoint saved to {last_path}\n"
-                  f"resume with: weightformer train --output {output} --resume auto")
+                  f"resume with: {task.command} train --output {output} --resume auto")
         else:
             if best is not None:
                 print(f"done: best {task.format_score(best)} at epoch {state.best_epoch}, checkpoint {best_path}")

@@ -43,6 +43,7 @@ class Task(ABC):
     """
 
     name: ClassVar[str]
+    command: ClassVar[str] = "weightformer"  # the command whose train/eval run this task
     best_metric: ClassVar[str]
     curve_metrics: ClassVar[tuple[str, ...]] = ()
 

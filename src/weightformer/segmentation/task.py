@@ -1,4 +1,7 @@
-"""The segmentation task for a training loop: the loss of a batch and the metrics of a split.
+"""The segmentation task for the shared training loop: its data, model, loss and metrics.
+
+:class:`SegmentationTask` plugs ADE20K-layout data (or the built-in ``shapes`` set) and an UperNet
+on a timm backbone into :func:`weightformer.engine.train`; ``--img-size`` is the training crop.
 
 The loss is mmseg's: pixel-wise cross-entropy averaged over all pixels of the batch (ignored ones
 add zero), plus ``aux_weight`` times the same loss on the auxiliary head's logits. Evaluation
@@ -9,19 +12,33 @@ numbers), resizes the logits to the annotation's original size, and scores the a
 
 from __future__ import annotations
 
+import re
 from contextlib import nullcontext
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from .data import IGNORE_INDEX, SegmentationBatch
+from ..checkpoint import CheckpointError
+from ..engine.config import TrainConfig
+from ..engine.distributed import DistInfo
+from ..engine.errors import ConfigError
+from ..engine.task import Task, TaskData
+from ..models.layer_decay import layer_decay_param_groups
+from .data import IGNORE_INDEX, EvalTransform, SegmentationBatch, SegmentationFolder, TrainTransform, collate_segmentation
 from .inference import slide_inference, whole_inference
 from .metrics import SegmentationMetric
+from .model import build_upernet
+from .synthetic import SHAPES_CLASSES, SHAPES_NAME, shapes_root
 
-__all__ = ["INFERENCE_MODES", "evaluate", "training_loss"]
+__all__ = [
+    "ADE_CLASSES", "INFERENCE_MODES", "SegmentationTask", "build_segmenter", "data_root", "default_num_classes",
+    "eval_transform", "evaluate", "training_loss",
+]
 
 INFERENCE_MODES = ("whole", "slide")
 
@@ -83,3 +100,125 @@ def evaluate(
     metric.all_reduce()
     model.train(was_training)
     return metric.compute()
+
+
+# --------------------------------------------------------------------------------------------------
+# The task
+# --------------------------------------------------------------------------------------------------
+
+ADE_CLASSES = 150  # classes of an ADE20K-layout folder when --num-classes is not given
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The TypeError Python raises when a call's keywords do not fit the signature (not one from inside the model).
+_SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for (keyword )?argument")
+
+
+def data_root(data: str) -> Path:
+    """The folder of ``--data``: the built-in ``shapes`` set (written to the cache on first use), or a path."""
+    return shapes_root() if data == SHAPES_NAME else Path(data).expanduser()
+
+
+def default_num_classes(data: str) -> int:
+    """Classes when --num-classes is not given: the shapes set's 4, else ADE20K's 150."""
+    return len(SHAPES_CLASSES) if data == SHAPES_NAME else ADE_CLASSES
+
+
+def eval_transform(img_size: int) -> EvalTransform:
+    """Test-time resize for a model trained on ``img_size`` crops: short side to img_size, long side at most 4x."""
+    return EvalTransform(scale=(4 * img_size, img_size), mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
+
+
+def build_segmenter(meta: dict[str, Any]) -> nn.Module:
+    """The UperNet of a checkpoint's ``meta``: ``build_upernet(meta["model"], meta["num_classes"], **meta["model_kwargs"])``.
+
+    ``model_kwargs`` holds the head's widths (``channels``, ``pyramid_channels``, ``aux_channels``,
+    ``pool_scales``) and the backbone's timm arguments. A keyword neither takes, or a value the
+    model refuses, is a :class:`ConfigError`.
+    """
+    kwargs = meta["model_kwargs"]
+    try:
+        return build_upernet(meta["model"], meta["num_classes"], **kwargs)
+    except TypeError as exc:
+        if not _SIGNATURE_ERROR.search(str(exc)):
+            raise
+        raise ConfigError(f"{meta['model']} does not take the model arguments {kwargs}: {exc}; check --model-kwargs "
+                          f"(head widths: channels, pyramid_channels, aux_channels, pool_scales)") from exc
+    except ValueError as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot build an UperNet on {meta['model']} with model arguments {kwargs}: {detail}") from exc
+
+
+class SegmentationTask(Task):
+    """Train an UperNet (on a timm backbone's simple feature pyramid) on ADE20K-layout data.
+
+    Training uses mmseg's ADE20K pipeline scaled to ``img_size`` (random resize of the short side
+    to 0.5-2x img_size, an img_size crop, flip, photometric distortion); evaluation resizes the
+    short side to img_size and predicts whole images or sliding windows (``seg_inference``).
+    """
+
+    name = "segmentation"
+    command = "weightformer seg"
+    best_metric = "mIoU"
+    curve_metrics = ("mIoU", "mAcc", "aAcc")
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.img_size = cfg.img_size or 512
+        self.num_classes = cfg.num_classes or default_num_classes(cfg.data)
+        if cfg.seg_inference == "slide" and cfg.seg_stride > cfg.seg_crop:
+            raise ConfigError(f"sliding-window stride {cfg.seg_stride} is larger than the crop {cfg.seg_crop}: "
+                              f"the windows would leave pixels out; pass a --stride of at most --crop")
+
+    def build_data(self, dist_info: DistInfo) -> TaskData:
+        cfg = self.cfg
+        root = data_root(cfg.data)
+        train_tf = TrainTransform(crop_size=self.img_size, scale=(4 * self.img_size, self.img_size), hflip=cfg.hflip,
+                                  photometric=not cfg.no_aug)
+        common = dict(reduce_zero_label=cfg.reduce_zero_label, num_classes=self.num_classes, verify=cfg.verify_images)
+        train_set = SegmentationFolder(root, "training", transform=train_tf, seed=cfg.seed, **common)
+        val_set = SegmentationFolder(root, "validation", transform=eval_transform(self.img_size), **common)
+        description = (f"data {cfg.data}: {len(train_set)} train / {len(val_set)} val images, {self.num_classes} classes "
+                       f"({'reduce-zero-label' if cfg.reduce_zero_label else 'label 0 is a class'}), "
+                       f"{self.img_size} px crops, {cfg.seg_inference} inference")
+        return TaskData(train_set, val_set, description, collate_fn=collate_segmentation)
+
+    def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
+        cfg = self.cfg
+        meta = {
+            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
+            "num_classes": self.num_classes, "reduce_zero_label": cfg.reduce_zero_label, "img_size": self.img_size,
+            "data": cfg.data, "classes": list(SHAPES_CLASSES) if cfg.data == SHAPES_NAME else None,
+        }
+        return build_segmenter(meta).to(device), meta
+
+    def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
+        if meta.get("task") not in (None, self.name):
+            raise CheckpointError(f"{source} is a {meta['task']} checkpoint, not a segmentation one; "
+                                  f"pass a checkpoint of weightformer seg train")
+        if meta.get("num_classes") not in (None, self.num_classes):
+            raise CheckpointError(f"{source} has {meta['num_classes']} classes and this run {self.num_classes}; "
+                                  f"pass --num-classes {meta['num_classes']} or the data it was trained on "
+                                  f"({meta.get('data')})")
+
+    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
+        if self.cfg.layer_decay is None:
+            return None
+        return layer_decay_param_groups(model, "pyramid.backbone", self.cfg.weight_decay, self.cfg.layer_decay)
+
+    def training_loss(self, model: nn.Module, batch: SegmentationBatch, device: torch.device) -> tuple[Tensor, int]:
+        loss, _ = training_loss(model, batch, device)
+        return loss, batch.images.shape[0]
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
+                 dist_info: DistInfo) -> dict[str, float]:
+        cfg = self.cfg
+        result = evaluate(model, loader, self.num_classes, device, cfg.seg_inference, cfg.seg_crop, cfg.seg_stride,
+                          AMP_DTYPES[amp])
+        return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"],
+                "images": len(loader.dataset)}  # type: ignore[arg-type]
+
+    def format_score(self, value: float) -> str:
+        return f"mIoU {value:.2f}%"
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        return (f"mIoU {metrics['mIoU']:.2f}%, mAcc {metrics['mAcc']:.2f}%, aAcc {metrics['aAcc']:.2f}% "
+                f"({metrics['images']} images)")

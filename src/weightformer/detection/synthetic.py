@@ -1,0 +1,160 @@
+"""``shapes``: a small COCO-layout instance data set drawn procedurally, so detection runs offline.
+
+Circles, squares and triangles of random colours on noisy backgrounds, 0 to 3 per image (images
+without objects are negatives), in images of 96 to 128 px. Squares and triangles are annotated as
+polygons, circles as RLE, so both mask formats are exercised. The data set is a pure function of
+its seed; it is written once into the cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``, then
+``weightformer/det-shapes-v1``) through a temporary folder renamed into place, so an interrupted
+write never leaves a half data set behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from PIL import Image
+from pycocotools import mask as mask_utils
+
+__all__ = ["CATEGORIES", "DEFAULTS", "NAME", "SPLIT_SIZES", "cache_root", "ensure_shapes", "write_shapes"]
+
+NAME = "shapes"  # the --data name that selects this data set
+VERSION = "det-shapes-v1"  # bump when the drawing changes, so an old cache is not reused
+CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 2, "name": "square"}, {"id": 3, "name": "triangle"})
+SPLIT_SIZES = {"train": 200, "val": 50}
+IMAGE_SIDES = (96, 128)  # each side drawn uniformly in this range
+OBJECT_SIDES = (20, 56)  # a shape's bounding square
+MAX_OBJECTS = 3
+NEGATIVE_FRACTION = 0.1
+
+# Training defaults for this set, under the user's --config and flags: a narrow, shallow WeightFormer
+# (stride 16) behind a 64-channel pyramid, light RoI heads and few proposals, at 128 px, flips without
+# scale jitter (no_aug), sized for about 8 minutes on 2 CPU cores. Learning rates are per total batch
+# of 512, as everywhere: 1.25e-3 at batch 4.
+DEFAULTS: dict[str, Any] = {
+    "data": NAME,
+    "model": "weightformer_tiny",
+    "model_kwargs": {"embed_dim": 64, "depth": 4, "conv_dim": 64, "fc_dim": 128, "rpn_pre_nms_top_n_train": 300,
+                     "rpn_post_nms_top_n_train": 64, "rpn_pre_nms_top_n_test": 150, "rpn_post_nms_top_n_test": 50,
+                     "box_batch_size_per_image": 32},
+    "img_size": 128,
+    "epochs": 16,
+    "batch_size": 4,
+    "lr": 0.16,
+    "min_lr": 1.6e-3,
+    "warmup_lr": 1.6e-3,
+    "warmup_epochs": 1,
+    "weight_decay": 0.05,
+    "no_aug": True,
+    "hflip": 0.5,
+    "workers": 0,  # 128 px images decode and flip faster than worker processes start
+}
+
+
+def cache_root() -> Path:
+    """Where the data set lives: ``$XDG_CACHE_HOME/weightformer/det-shapes-v1`` (default ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "weightformer" / VERSION
+
+
+def _polygon(kind: str, x: float, y: float, side: float) -> list[float]:
+    """The outline of a square or an upward triangle in the ``side``² square at (x, y), as x0, y0, x1, y1, ..."""
+    if kind == "square":
+        return [x, y, x + side, y, x + side, y + side, x, y + side]
+    return [x + side / 2, y, x + side, y + side, x, y + side]
+
+
+def _disk(height: int, width: int, x: float, y: float, side: float) -> np.ndarray:
+    """(H, W) uint8 mask of the circle inscribed in the ``side``² square at (x, y)."""
+    rows, cols = np.mgrid[:height, :width]
+    radius = side / 2
+    return (((cols + 0.5 - x - radius) ** 2 + (rows + 0.5 - y - radius) ** 2) <= radius**2).astype(np.uint8)
+
+
+def _draw_image(rng: np.random.Generator, image_id: int) -> tuple[Image.Image, list[dict[str, Any]]]:
+    """One image and its annotations (shapes that do not overlap)."""
+    width, height = (int(v) for v in rng.integers(IMAGE_SIDES[0], IMAGE_SIDES[1] + 1, size=2))
+    base = rng.integers(40, 215, size=3)
+    pixels = np.clip(base + rng.normal(0, 12, (height, width, 3)), 0, 255).astype(np.uint8)
+    count = 0 if rng.random() < NEGATIVE_FRACTION else int(rng.integers(1, MAX_OBJECTS + 1))
+    placed: list[tuple[float, float, float]] = []
+    annotations = []
+    for _ in range(count * 10):  # a few tries per shape to find free space
+        if len(annotations) == count:
+            break
+        side = float(rng.integers(OBJECT_SIDES[0], min(OBJECT_SIDES[1], width, height) + 1))
+        x, y = float(rng.uniform(0, width - side)), float(rng.uniform(0, height - side))
+        if any(x < px + ps and px < x + side and y < py + ps and py < y + side for px, py, ps in placed):
+            continue
+        placed.append((x, y, side))
+        category = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
+        color = rng.integers(0, 256, size=3)
+        while np.abs(color.astype(int) - base).sum() < 150:  # visible against the background
+            color = rng.integers(0, 256, size=3)
+        if category["name"] == "circle":
+            mask = _disk(height, width, x, y, side)
+            segmentation: Any = mask_utils.encode(np.asfortranarray(mask))
+            segmentation["counts"] = segmentation["counts"].decode()
+        else:
+            segmentation = [[round(v, 2) for v in _polygon(category["name"], x, y, side)]]
+            # painted with the mask pycocotools rasterises from the polygon, so pixels and annotation agree
+            mask = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width)))
+        pixels[mask.astype(bool)] = color
+        rle = mask_utils.encode(np.asfortranarray(mask))
+        annotations.append({
+            "image_id": image_id, "category_id": category["id"], "segmentation": segmentation,
+            "bbox": [round(float(v), 2) for v in mask_utils.toBbox(rle)], "area": float(mask_utils.area(rle)),
+            "iscrowd": 0,
+        })
+    return Image.fromarray(pixels), annotations
+
+
+def write_shapes(root: str | Path, seed: int = 0, split_sizes: Optional[dict[str, int]] = None) -> Path:
+    """Draw the data set into ``root`` (which must not exist yet) in the COCO layout, ``split_sizes``
+    images per split (default :data:`SPLIT_SIZES`); returns ``root``."""
+    root = Path(root)
+    split_sizes = SPLIT_SIZES if split_sizes is None else split_sizes
+    rng = np.random.default_rng(seed)
+    (root / "annotations").mkdir(parents=True)
+    next_id = 1
+    for split, size in split_sizes.items():
+        folder = root / "images" / split
+        folder.mkdir(parents=True)
+        images, annotations = [], []
+        for index in range(size):
+            image_id = index + 1
+            image, anns = _draw_image(rng, image_id)
+            name = f"{image_id:06d}.png"
+            image.save(folder / name)
+            images.append({"id": image_id, "file_name": name, "width": image.width, "height": image.height})
+            for ann in anns:
+                annotations.append({"id": next_id, **ann})
+                next_id += 1
+        content = {"images": images, "annotations": annotations, "categories": list(CATEGORIES)}
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(content))
+    return root
+
+
+def ensure_shapes(seed: int = 0) -> Path:
+    """The data set's folder in the cache, drawn on first use. Atomic: drawn into a temporary folder
+    beside it and renamed into place, so a concurrent or killed writer never leaves a partial one."""
+    root = cache_root()
+    if root.is_dir():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{VERSION}.", suffix=".tmp", dir=root.parent))
+    try:
+        write_shapes(staging / "data", seed)
+        try:
+            os.rename(staging / "data", root)
+        except OSError:
+            if not root.is_dir():  # not a writer that finished first: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root

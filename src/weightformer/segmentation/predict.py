@@ -1,0 +1,94 @@
+"""Predictions on image files: class maps written as palette PNGs, and overlays on the images.
+
+A class map is written in its data set's own annotation encoding (class c as c + 1 with
+reduce-zero-label, as ADE20K stores it; else c), so a prediction opens like an annotation and
+can be scored as one. Its palette colours each class; the overlay blends those colours over the image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from torch import Tensor, nn
+
+from ..data.errors import DataError
+from ..data.folder import DECODE_ERRORS, rgb_loader
+from .data import IMAGE_EXTENSIONS, EvalTransform
+from .inference import slide_inference, whole_inference
+from .synthetic import SHAPES_CLASSES
+
+__all__ = ["image_files", "palette", "predict_image", "read_image", "write_prediction"]
+
+SHAPES_COLOURS = ((90, 90, 90), (230, 60, 50), (60, 200, 80), (60, 110, 240))  # background, circle, square, triangle
+
+
+def palette(num_classes: int, classes: Optional[Sequence[str]] = None) -> np.ndarray:
+    """(num_classes, 3) uint8 colours: fixed ones for the shapes set, else drawn from a fixed seed."""
+    if classes is not None and tuple(classes) == SHAPES_CLASSES:
+        return np.array(SHAPES_COLOURS, dtype=np.uint8)
+    return np.random.default_rng(0).integers(0, 256, (num_classes, 3), dtype=np.uint8)
+
+
+def image_files(paths: Sequence[str]) -> list[Path]:
+    """The image files named, a folder standing for the images in it (sorted); DataError for anything else."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            if not found:
+                raise DataError(f"folder {path} holds no .jpg/.jpeg/.png images")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError(f"image {path} does not exist; pass image files or folders of them")
+    stems = [p.stem for p in files]
+    twice = sorted({s for s in stems if stems.count(s) > 1})
+    if twice:
+        raise DataError(f"several images are named {twice[0]} (in different folders or formats); their predictions "
+                        f"would overwrite each other: predict them into different --out folders")
+    return files
+
+
+@torch.no_grad()
+def predict_image(model: nn.Module, image: Image.Image, transform: EvalTransform, device: torch.device,
+                  mode: str = "whole", crop: int = 512, stride: int = 341) -> np.ndarray:
+    """(H, W) int64 classes of an RGB ``image`` at its own size: resized as in evaluation, predicted
+    whole or in sliding windows, logits resized back."""
+    pixels = TF.pil_to_tensor(image)  # (3, H, W) uint8
+    resized, _ = transform(pixels, torch.empty(0))  # (3, h, w) normalised; the label is unused
+    batch: Tensor = resized[None].to(device)
+    logits = whole_inference(model, batch) if mode == "whole" else slide_inference(model, batch, crop, stride)
+    logits = F.interpolate(logits, size=pixels.shape[-2:], mode="bilinear", align_corners=False)  # (1, K, H, W)
+    return logits.argmax(1)[0].cpu().numpy()
+
+
+def read_image(path: Path) -> Image.Image:
+    """An image file as RGB, or a one-line DataError."""
+    try:
+        return rgb_loader(str(path))
+    except DECODE_ERRORS as exc:
+        raise DataError(f"cannot read image {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
+
+
+def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours: np.ndarray, out: Path,
+                     reduce_zero_label: bool, alpha: float = 0.5) -> tuple[Path, Path]:
+    """Write ``<out>/<stem>.png`` (the (H, W) ``classes`` as a palette PNG) and ``<out>/<stem>_overlay.png``."""
+    offset = int(reduce_zero_label)  # index 0 of the file is "unlabelled" with reduce-zero-label
+    file_colours = np.zeros((256, 3), dtype=np.uint8)
+    file_colours[offset: offset + len(colours)] = colours
+    label = Image.fromarray((classes + offset).astype(np.uint8))  # (H, W) uint8: mode L, P once it has a palette
+    label.putpalette(file_colours.flatten().tolist())
+    painted = colours[classes].astype(np.float64)  # (H, W, 3)
+    blend = (1 - alpha) * np.asarray(image, dtype=np.float64) + alpha * painted
+    label_path, overlay_path = out / f"{stem}.png", out / f"{stem}_overlay.png"
+    label.save(label_path)
+    Image.fromarray(np.clip(blend + 0.5, 0, 255).astype(np.uint8)).save(overlay_path)
+    return label_path, overlay_path

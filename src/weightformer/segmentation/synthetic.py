@@ -1,0 +1,168 @@
+"""``shapes``: a small segmentation data set drawn procedurally, so a first run needs no download.
+
+Each image (64 to 96 px a side) is a grainy, greyish colour-graded background with 1 to 4 filled
+circles, squares and triangles of random sizes, rotations and positions (later shapes cover
+earlier ones). Each class draws its colour from its own band of hues (circles red to yellow,
+squares yellow-green to cyan, triangles blue to magenta, at random saturation and brightness), so
+colour is a strong hint and the outline tells the rest.
+The annotations use the ADE20K layout and encoding (see :mod:`weightformer.segmentation.data`):
+
+    0 unlabelled (a 1 px ring on each shape's edge, ignored with reduce-zero-label)
+    1 background   2 circle   3 square   4 triangle
+
+so with reduce-zero-label (the default) the model learns 4 classes: background, circle, square,
+triangle.
+
+The set is a pure function of its seed and sizes. :func:`shapes_root` writes it once into the
+cache (``$XDG_CACHE_HOME/weightformer``, else ``~/.cache/weightformer``): into a temporary folder
+that is renamed into place when complete, so a killed write never leaves a half data set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from ..data.errors import DataError
+
+__all__ = ["SHAPES_CLASSES", "SHAPES_DEFAULTS", "SHAPES_NAME", "draw_sample", "shapes_root", "write_shapes"]
+
+SHAPES_NAME = "shapes"  # the --data name that selects this set
+SHAPES_CLASSES = ("background", "circle", "square", "triangle")  # after reduce-zero-label: class c is value c + 1
+VERSION = "seg-shapes-v2"  # the cache folder; bump it when the drawing changes
+TRAIN_IMAGES, VAL_IMAGES, SEED = 200, 50, 0
+UNLABELLED, BACKGROUND, CIRCLE, SQUARE, TRIANGLE = 0, 1, 2, 3, 4
+
+# Training defaults for this set (``weightformer seg train`` with no --data), under --config and flags.
+SHAPES_DEFAULTS: dict[str, Any] = dict(
+    data=SHAPES_NAME,
+    model="weightformer_tiny",
+    model_kwargs=dict(embed_dim=96, depth=4, channels=64, pyramid_channels=64, aux_channels=32),
+    img_size=64,
+    epochs=50,
+    batch_size=16,
+    lr=3.2e-2,  # per total batch of 512: 1e-3 at batch 16
+    min_lr=3.2e-4,
+    warmup_lr=3.2e-5,
+    warmup_epochs=1,
+    workers=1,
+    seg_crop=64,
+    seg_stride=43,
+)
+
+
+HUE_BANDS = {CIRCLE: (-0.05, 0.17), SQUARE: (0.22, 0.5), TRIANGLE: (0.58, 0.9)}  # HSV hue, 1.0 = 360 degrees
+
+
+def _greyish(rng: np.random.Generator) -> np.ndarray:
+    """A random colour of low saturation, as (3,) floats in [0, 255]."""
+    grey = rng.uniform(40, 215)
+    return np.clip(grey + rng.normal(0, 20, 3), 0, 255)
+
+
+def _class_colour(rng: np.random.Generator, kind: int) -> tuple[int, int, int]:
+    """A saturated colour from the hue band of class ``kind``."""
+    hue = rng.uniform(*HUE_BANDS[kind]) % 1.0
+    saturation, value = rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
+    hsv = Image.new("HSV", (1, 1), (int(hue * 255), int(saturation * 255), int(value * 255)))
+    r, g, b = hsv.convert("RGB").getpixel((0, 0))
+    return r, g, b
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """(H, W, 3) float: a linear gradient between two greyish colours plus Gaussian grain."""
+    start, end = _greyish(rng), _greyish(rng)
+    angle = rng.uniform(0, 2 * np.pi)
+    ys, xs = np.mgrid[0:height, 0:width]
+    t = (np.cos(angle) * xs / width + np.sin(angle) * ys / height)[..., None]  # (H, W, 1)
+    t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
+    return start + t * (end - start) + rng.normal(0, 18, (height, width, 3))
+
+
+def _shape_points(rng: np.random.Generator, kind: int, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
+    """The outline of a square or triangle of circumradius ``r`` around (cx, cy), at a random rotation."""
+    corners = 4 if kind == SQUARE else 3
+    turn = rng.uniform(0, 2 * np.pi)
+    return [(cx + r * np.cos(turn + 2 * np.pi * k / corners), cy + r * np.sin(turn + 2 * np.pi * k / corners))
+            for k in range(corners)]
+
+
+def draw_sample(rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
+    """One (RGB image, L annotation) pair of the same random size."""
+    height, width = (int(v) for v in rng.integers(64, 97, 2))
+    pixels = _background(rng, height, width)  # (H, W, 3)
+    colour_layer = Image.new("RGB", (width, height))
+    mask_layer = Image.new("L", (width, height), 0)  # 255 where a shape was drawn
+    label = Image.new("L", (width, height), BACKGROUND)
+    image_draw, mask_draw, label_draw = ImageDraw.Draw(colour_layer), ImageDraw.Draw(mask_layer), ImageDraw.Draw(label)
+    for _ in range(int(rng.integers(1, 5))):
+        kind = int(rng.choice([CIRCLE, SQUARE, TRIANGLE]))
+        r = rng.uniform(0.12, 0.3) * min(height, width)
+        cx, cy = rng.uniform(r * 0.5, width - r * 0.5), rng.uniform(r * 0.5, height - r * 0.5)
+        colour = _class_colour(rng, kind)
+        if kind == CIRCLE:
+            box = [cx - r, cy - r, cx + r, cy + r]
+            for draw, fill in ((image_draw, colour), (mask_draw, 255), (label_draw, kind)):
+                draw.ellipse(box, fill=fill)
+            label_draw.ellipse(box, outline=UNLABELLED, width=1)
+        else:
+            points = _shape_points(rng, kind, cx, cy, r)
+            for draw, fill in ((image_draw, colour), (mask_draw, 255), (label_draw, kind)):
+                draw.polygon(points, fill=fill)
+            label_draw.polygon(points, outline=UNLABELLED, width=1)
+    shapes = np.asarray(mask_layer)[..., None] > 0  # (H, W, 1)
+    shaded = np.asarray(colour_layer).astype(np.float64) + rng.normal(0, 8, (height, width, 3))
+    pixels = np.where(shapes, shaded, pixels)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)), label
+
+
+def write_shapes(root: str | os.PathLike, train: int = TRAIN_IMAGES, val: int = VAL_IMAGES, seed: int = SEED) -> Path:
+    """Write the set in the ADE20K layout under ``root`` (which must not hold one yet); returns ``root``.
+
+    Image i of a split is drawn from the seed sequence (seed, split, i), so the set does not depend
+    on the order or number of images written.
+    """
+    root = Path(root)
+    for split_index, (split, count) in enumerate((("training", train), ("validation", val))):
+        image_dir, label_dir = root / "images" / split, root / "annotations" / split
+        image_dir.mkdir(parents=True, exist_ok=True)
+        label_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            image, label = draw_sample(np.random.default_rng([seed, split_index, i]))
+            image.save(image_dir / f"shapes_{i:05d}.jpg", quality=95)
+            label.save(label_dir / f"shapes_{i:05d}.png")
+    return root
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "weightformer"
+
+
+def shapes_root() -> Path:
+    """The ``shapes`` data set's folder in the cache, written first if it is not there (a second or so)."""
+    cache = _cache_dir()
+    root = cache / VERSION
+    if root.is_dir():
+        return root
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{VERSION}.", dir=cache))
+    except OSError as exc:
+        raise DataError(f"cannot write the shapes data set into {cache} ({exc.strerror or exc}); set XDG_CACHE_HOME "
+                        f"to a folder you can write to") from None
+    try:
+        write_shapes(staging)
+        os.rename(staging, root)  # atomic; another process that finished first wins and ours is dropped
+    except OSError:
+        if not root.is_dir():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
