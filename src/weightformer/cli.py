@@ -32,15 +32,17 @@ def _train_default(name: str) -> str:
     return f"(default: {FIELDS[name].default})"
 
 
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """The run flags of ``weightformer train``, shared by every task's ``train`` command."""
+def add_train_arguments(p: argparse.ArgumentParser, data_help: Optional[str] = None) -> None:
+    """The run flags of ``weightformer train``, shared by every task's ``train`` command (``data_help``
+    describes the task's ``--data``)."""
     # Every default is SUPPRESS: only flags the user gives override the config file and data-set defaults.
     # The defaults shown are the paper's ImageNet recipe; a built-in data set (mnist) brings its own, printed
     # at the start of the run.
     S, d = argparse.SUPPRESS, _train_default
     p.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
                    help="YAML file of settings (e.g. configs/imagenet_weightformer_t.yaml); flags override it")
-    p.add_argument("--data", default=S, help=f"ImageFolder tree with train/ and val/, or a built-in data set {d('data')}")
+    p.add_argument("--data", default=S,
+                   help=data_help or f"ImageFolder tree with train/ and val/, or a built-in data set {d('data')}")
     p.add_argument("--model", default=S, help=f"any timm model name {d('model')}")
     p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=[],
                    help="keyword arguments for timm.create_model, e.g. patch_size=4 drop_path_rate=0.1")

@@ -46,7 +46,8 @@ COCO_DEFAULTS: dict[str, Any] = dict(
 
 
 def _add_train_arguments(p: argparse.ArgumentParser) -> None:
-    add_train_arguments(p)
+    add_train_arguments(p, data_help="COCO-layout folder (images/<split>/, annotations/instances_<split>.json), "
+                                     "or shapes, the offline set (default: shapes)")
     S = argparse.SUPPRESS
     p.add_argument("--num-classes", type=int, default=S,
                    help="number of categories (default: those the COCO annotation file declares)")

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "~/.cache/weightformer on first use, with its own small-CPU defaults, printed at the start). "
                     "--img-size is the training crop (default 512 for a folder). Model kwargs go to build_upernet: "
                     "head widths (channels, pyramid_channels, aux_channels) and the backbone's timm arguments.")
-    add_train_arguments(train)
+    add_train_arguments(train, data_help="ADE20K-layout folder (images/{training,validation}/, "
+                                         "annotations/{training,validation}/), or shapes, the offline set (default: shapes)")
     train.add_argument("--num-classes", type=int, default=S,
                        help="classes of the data (default: 4 for shapes, 150 (ADE20K) for a folder)")
     train.add_argument("--no-reduce-zero-label", dest="reduce_zero_label", action="store_false", default=S,
