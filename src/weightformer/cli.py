@@ -18,7 +18,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["add_train_arguments", "build_parser", "exit_code", "main", "run_reporting_errors", "train_overrides"]
+__all__ = [
+    "add_train_arguments", "build_parser", "exit_code", "main", "print_and_write_results", "run_reporting_errors",
+    "train_overrides",
+]
 
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem with your input; please report it "
@@ -160,6 +163,12 @@ def _run_eval(args: argparse.Namespace) -> int:
     print(format_eval(result))
     for path in result["skipped_files"][:5]:
         print(f"  left out (unreadable): {path}")
+    return print_and_write_results(result, json_path)
+
+
+def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
+    """Print ``result`` as a JSON line, then write it to ``json_path`` (checked before the work);
+    a write that fails after all costs only the file, never the printed numbers. Returns the exit code."""
     print(json.dumps(result), flush=True)
     if json_path is not None:
         try:

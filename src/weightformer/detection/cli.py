@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms.functional import pil_to_tensor
 
 from ..checkpoint import CheckpointError
-from ..cli import add_train_arguments, exit_code, run_reporting_errors, train_overrides
+from ..cli import add_train_arguments, exit_code, print_and_write_results, run_reporting_errors, train_overrides
 from ..data.errors import DataError
 from ..engine import ConfigError, load_config_file, train
 from ..engine.distributed import init_distributed
@@ -163,15 +163,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else Path(args.checkpoint).resolve().parent / "visualize"
         paths = save_visualizations(model, dataset, out, args.visualize, ["__background__", *meta["classes"]], device)
         print(f"drew the detections on {len(paths)} val image(s) in {out}")
-    print(json.dumps(result), flush=True)
-    if json_path is not None:
-        try:
-            json_path.write_text(json.dumps(result, indent=2) + "\n")
-        except OSError as exc:
-            print(f"error: the results above could not be written to --json {json_path} ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return 2
-    return 0
+    return print_and_write_results(result, json_path)
 
 
 def _read_image(path: Path) -> Any:

@@ -9,7 +9,6 @@ maps and overlays for image files. Exit codes are those of :mod:`weightformer.cl
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -182,6 +181,7 @@ def _json_safe(values: Sequence[float]) -> list[Optional[float]]:
 def _run_eval(args: argparse.Namespace) -> int:
     from torch.utils.data import DataLoader
 
+    from ..cli import print_and_write_results
     from ..engine.errors import ConfigError
     from ..engine.run_dir import check_writable_file
     from .data import SegmentationFolder, collate_segmentation
@@ -215,15 +215,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     if len(names) <= 20:
         print("  IoU per class: " + ", ".join(f"{n} {'-' if v is None else f'{v:.1f}'}"
                                               for n, v in zip(names, result["per_class_iou"])))
-    print(json.dumps(result), flush=True)
-    if json_path is not None:
-        try:
-            json_path.write_text(json.dumps(result, indent=2) + "\n")
-        except OSError as exc:
-            print(f"error: the results above could not be written to --json {json_path} ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return 2
-    return 0
+    return print_and_write_results(result, json_path)
 
 
 def _run_predict(args: argparse.Namespace) -> int:
