@@ -7,6 +7,8 @@ only at the same thread count; a test that changed it (the benchmark sets thread
 import pytest
 import torch
 
+from conftest_train import single_thread
+
 
 @pytest.fixture(autouse=True)
 def _restore_torch_globals():
@@ -15,3 +17,10 @@ def _restore_torch_globals():
     yield
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.fixture
+def one_thread():
+    """For the tests of tiny detection models: ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    with single_thread():
+        yield

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest_train import single_thread
 from weightformer.cli import main
 from weightformer.detection import synthetic
 from weightformer.engine.metrics import read_metrics
@@ -20,13 +21,7 @@ TINY = ["--model-kwargs", "embed_dim=32", "depth=2", "conv_dim=16", "fc_dim=32",
         "--log-interval", "1000"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny convolutions run slower on several threads than on one, above all on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +33,9 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trained(shapes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One epoch of a plain Mask R-CNN, then two images drawn."""
     output = tmp_path_factory.mktemp("run")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         assert main(["det", "train", "--data", str(shapes), "--output", str(output), "--epochs", "1", "--visualize", "2",
                      *TINY]) == 0
-    finally:
-        torch.set_num_threads(threads)
     return output
 
 

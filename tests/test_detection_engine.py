@@ -21,12 +21,7 @@ TINY_DETECTOR = {"embed_dim": 32, "depth": 2, "drop_path_rate": 0.1, "conv_dim":
                  "rpn_post_nms_top_n_test": 16, "box_batch_size_per_image": 16}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

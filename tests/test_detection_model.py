@@ -14,13 +14,7 @@ from weightformer.detection.cascade import STAGE_IOU_THRESHOLDS, STAGE_LOSS_WEIG
 SIZE = 96
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny convolutions run slower on several threads than on one, above all on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FakePyramid(nn.Module):

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from weightformer.detection import METRIC_NAMES, CocoDetection, collate, evaluate, training_loss
 
 from test_detection_data import write_coco
-from test_detection_model import one_thread, tiny_model  # noqa: F401  (one_thread: an autouse fixture)
+from test_detection_model import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_training_loss_and_evaluate_on_a_coco_tree(tmp_path):
