@@ -27,7 +27,7 @@ from ..data.errors import DataError
 from ..engine import ConfigError, load_config_file, train
 from ..engine.distributed import init_distributed
 from ..engine.run_dir import check_writable_file, check_writable_folder
-from ..engine.state import load_model_state, model_state_from, read_checkpoint
+from ..engine.state import load_weights, read_checkpoint
 from . import synthetic
 from .data import CocoDetection, collate
 from .task import DetectionTask, build_detector, data_root, evaluate
@@ -139,7 +139,7 @@ def _load(checkpoint: str, use_ema: bool, device_name: str) -> tuple[Any, dict[s
                               "pass a last.pt or best.pt written by weightformer det train")
     device = init_distributed(device_name).device
     model = build_detector(meta)
-    load_model_state(model, model_state_from(ckpt, use_ema, source=checkpoint), source=checkpoint)
+    load_weights(model, ckpt, use_ema=use_ema, source=checkpoint)
     return model.to(device).eval(), meta, device
 
 

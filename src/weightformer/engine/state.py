@@ -147,7 +147,9 @@ def check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.de
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint without running pickled code (safetensors, or ``torch.load(weights_only=True)``)."""
     if os.path.isdir(path):
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file; pass a file in it such as {os.path.join(path, 'last.pt')}")
+        raise CheckpointError(
+            f"{path} is a folder, not a checkpoint file; pass a file in it such as {os.path.join(path, 'last.pt')}"
+        )
     obj = load_checkpoint_file(path)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a dict of weights")
@@ -217,15 +219,14 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
     )
 
 
-
 def _checkpoint_filter_fn(model: nn.Module) -> Optional[Callable[..., dict[str, torch.Tensor]]]:
     """The ``checkpoint_filter_fn`` of the model's timm module (it translates foreign checkpoints), if any."""
     module = sys.modules.get(type(model).__module__)
     return getattr(module, "checkpoint_filter_fn", None)
 
 
-def _fits(model: nn.Module, state: Mapping[str, torch.Tensor]) -> bool:
-    expected = model.state_dict()
+def _fits(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``state`` has exactly the keys and shapes of ``expected`` (a model's state dict)."""
     return expected.keys() == state.keys() and all(tuple(state[k].shape) == tuple(v.shape) for k, v in expected.items())
 
 
@@ -250,18 +251,18 @@ def load_weights(
     source = source or (str(checkpoint) if not isinstance(checkpoint, Mapping) else "checkpoint")
     ckpt = checkpoint if isinstance(checkpoint, Mapping) else read_checkpoint(checkpoint)
     state = strip_wrapper_prefixes(model_state_from(ckpt, use_ema, source=source))
+    expected = model.state_dict()
     filter_fn = _checkpoint_filter_fn(model)
-    if not _fits(model, state) and filter_fn is not None:
+    if not _fits(expected, state) and filter_fn is not None:
         try:
             translated = filter_fn(dict(state), model)
         except (KeyError, ValueError, RuntimeError, AttributeError, IndexError):
             translated = None  # not a layout this filter knows: report the mismatch of the original keys
-        if translated is not None and (_fits(model, translated) or ignore_classifier):
+        if translated is not None and (_fits(expected, translated) or ignore_classifier):
             state = translated
     kept: list[str] = []
     if ignore_classifier:
         classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
-        expected = model.state_dict()
         kept = [k for k in expected if k.startswith(f"{classifier}.")
                 and (k not in state or tuple(state[k].shape) != tuple(expected[k].shape))]
         state = {k: v for k, v in state.items() if k not in kept and not (k.startswith(f"{classifier}.") and k not in expected)}
