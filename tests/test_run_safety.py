@@ -345,3 +345,12 @@ def test_eval_of_another_tasks_checkpoint_names_its_command(run, tmp_path, capsy
     torch.save(ckpt, path)
     assert main(["eval", "--checkpoint", str(path), "--workers", "0"]) == 2
     assert "weightformer seg eval" in _error_line(capsys)
+
+
+def test_resume_and_init_together_are_refused_from_flags_and_from_python(run, tmp_path, capsys):
+    from weightformer.engine import ConfigError, TrainConfig, train
+
+    assert main(["train", "--output", str(tmp_path / "o"), "--resume", "auto", "--init", str(run / "best.pt")]) == 2
+    assert "pass only one of them" in _error_line(capsys)
+    with pytest.raises(ConfigError, match="pass only one of them"):
+        train(TrainConfig(output=str(tmp_path / "p"), resume="auto", init=str(run / "best.pt")))

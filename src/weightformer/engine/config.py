@@ -329,6 +329,8 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         value = getattr(cfg, name)
         if not ok(value):
             raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+    if cfg.resume is not None and cfg.init is not None:
+        raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
     if not timm.is_model(cfg.model):
         close = difflib.get_close_matches(cfg.model, timm.list_models(), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""

@@ -150,6 +150,25 @@ def _read_resume_checkpoint(path: Path) -> dict[str, Any]:
     return ckpt
 
 
+def _resume_checkpoint(cfg: TrainConfig) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
+    """The checkpoint a run resumes from, and its contents (None, None for a new run)."""
+    path = _resume_path(cfg)
+    return (path, _read_resume_checkpoint(path)) if path is not None else (None, None)
+
+
+def _prepare(
+    overrides: Mapping[str, Any] | None, config_file: Optional[str], defaults: Optional[Mapping[str, Any]],
+) -> tuple[TrainConfig, dict[str, Any], Optional[Path], Optional[dict[str, Any]]]:
+    """:func:`prepare_config`, also returning the resumed checkpoint's path and contents, read once."""
+    cfg, applied = resolve_config(overrides, config_file, defaults=defaults)
+    cfg.output = cfg.output or _default_output(cfg)
+    resume_from, ckpt = _resume_checkpoint(cfg)
+    if ckpt is not None:
+        cfg, applied = resolve_config(overrides, config_file, checkpoint_config=ckpt.get("config"), defaults=defaults)
+        cfg.output = cfg.output or _default_output(cfg)
+    return cfg, applied, resume_from, ckpt
+
+
 def prepare_config(
     overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None,
     defaults: Optional[Mapping[str, Any]] = None,
@@ -157,15 +176,7 @@ def prepare_config(
     """:func:`resolve_config`, with the default output folder filled in and, when resuming, the
     checkpoint's own config as the base layer (so ``--resume auto`` alone continues the same run).
     """
-    cfg, applied = resolve_config(overrides, config_file, defaults=defaults)
-    cfg.output = cfg.output or _default_output(cfg)
-    if cfg.resume is not None and cfg.init is not None:
-        raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
-    resume_from = _resume_path(cfg)
-    if resume_from is not None:
-        saved = _read_resume_checkpoint(resume_from).get("config")
-        cfg, applied = resolve_config(overrides, config_file, checkpoint_config=saved, defaults=defaults)
-        cfg.output = cfg.output or _default_output(cfg)
+    cfg, applied, _, _ = _prepare(overrides, config_file, defaults)
     return cfg, applied
 
 
@@ -192,8 +203,9 @@ def train(
         cfg, applied = validate_config(config), {}
         if cfg.output is None:
             cfg = dataclasses.replace(cfg, output=_default_output(cfg))
+        resume_from, ckpt = _resume_checkpoint(cfg)
     else:
-        cfg, applied = prepare_config(config, config_file, defaults)
+        cfg, applied, resume_from, ckpt = _prepare(config, config_file, defaults)
     if task is None:
         from ..classification import ClassificationTask
 
@@ -207,16 +219,15 @@ def train(
             model_first = {"model": applied.pop("model")} if "model" in applied else {}
             shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
             print(f"defaults for {cfg.data}: {shown} (override with flags or --config)")
-        return _run(cfg, task(cfg), dist_info, stop)
+        return _run(cfg, task(cfg), dist_info, stop, resume_from, ckpt)
     finally:
         stop.uninstall()
         shutdown_distributed(dist_info)
 
 
-def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag) -> TrainResult:
+def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resume_from: Optional[Path],
+         ckpt: Optional[dict[str, Any]]) -> TrainResult:
     output = Path(cfg.output)
-    resume_from = _resume_path(cfg)
-    ckpt = _read_resume_checkpoint(resume_from) if resume_from else None
     if cfg.amp == "fp16" and dist_info.device.type != "cuda":
         raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
     # A run that found no checkpoint under --resume auto may start over the files of one that never saved.
