@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import traceback
 import warnings
@@ -195,15 +194,10 @@ def _format_warning(message: Warning | str, category: type[Warning], *args: Any,
     return f"warning: {message}\n"
 
 
-# The last line of a traceback: "weightformer.data.errors.DataError: cannot read ...".
-_EXCEPTION_LINE = re.compile(r"^[\w.]+: ")
-
-
 def one_line(exc: BaseException) -> str:
-    """The message of ``exc`` as one line; a DataLoader worker's wrapped error becomes its original message."""
+    """The message of ``exc`` as one line. (A DataError from a DataLoader worker already carries its
+    original one-line message: the error type unwraps torch's re-raise text itself.)"""
     text = str(exc).strip()
-    if "Original Traceback" in text:  # torch re-raises a worker's exception with the worker's whole traceback
-        text = _EXCEPTION_LINE.sub("", [line for line in text.splitlines() if line.strip()][-1].strip())
     return " ".join(text.splitlines()) if text else type(exc).__name__
 
 
