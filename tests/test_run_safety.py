@@ -354,3 +354,16 @@ def test_resume_and_init_together_are_refused_from_flags_and_from_python(run, tm
     assert "pass only one of them" in _error_line(capsys)
     with pytest.raises(ConfigError, match="pass only one of them"):
         train(TrainConfig(output=str(tmp_path / "p"), resume="auto", init=str(run / "best.pt")))
+
+
+def test_tasks_on_the_same_data_get_their_own_default_run_folder():
+    """`weightformer det train` and `weightformer seg train` both default to the shapes data: their runs must not meet."""
+    from weightformer.classification import ClassificationTask
+    from weightformer.detection import DetectionTask
+    from weightformer.engine import TrainConfig
+    from weightformer.segmentation import SegmentationTask
+
+    cfg = TrainConfig(data="shapes")
+    folders = [train_module._default_output(cfg, task) for task in (ClassificationTask, DetectionTask, SegmentationTask)]
+    assert folders == ["runs/shapes_weightformer_tiny", "runs/det_shapes_weightformer_tiny",
+                       "runs/seg_shapes_weightformer_tiny"]

@@ -130,6 +130,7 @@ class DetectionTask(Task):
 
     name = "detection"
     command = "weightformer det"
+    output_prefix = "det_"
     best_metric = "bbox_mAP"
     curve_metrics = ("bbox_mAP", "bbox_mAP_50", "segm_mAP")
 

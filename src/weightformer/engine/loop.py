@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -120,8 +120,9 @@ class RunState:
 # -------------------------------------------------------------------------------------------------
 # Configuration and the run folder
 # -------------------------------------------------------------------------------------------------
-def _default_output(cfg: TrainConfig) -> str:
-    return f"runs/{Path(cfg.data).name}_{cfg.model}"
+def _default_output(cfg: TrainConfig, task: type[Task]) -> str:
+    """runs/<data>_<model>, with the task's prefix (det_, seg_) so tasks on the same data never share a folder."""
+    return f"runs/{task.output_prefix}{Path(cfg.data).name}_{cfg.model}"
 
 
 def _resume_path(cfg: TrainConfig) -> Optional[Path]:
@@ -158,25 +159,32 @@ def _resume_checkpoint(cfg: TrainConfig) -> tuple[Optional[Path], Optional[dict[
 
 def _prepare(
     overrides: Mapping[str, Any] | None, config_file: Optional[str], defaults: Optional[Mapping[str, Any]],
+    task: type[Task],
 ) -> tuple[TrainConfig, dict[str, Any], Optional[Path], Optional[dict[str, Any]]]:
     """:func:`prepare_config`, also returning the resumed checkpoint's path and contents, read once."""
     cfg, applied = resolve_config(overrides, config_file, defaults=defaults)
-    cfg.output = cfg.output or _default_output(cfg)
+    cfg.output = cfg.output or _default_output(cfg, task)
     resume_from, ckpt = _resume_checkpoint(cfg)
     if ckpt is not None:
         cfg, applied = resolve_config(overrides, config_file, checkpoint_config=ckpt.get("config"), defaults=defaults)
-        cfg.output = cfg.output or _default_output(cfg)
+        cfg.output = cfg.output or _default_output(cfg, task)
     return cfg, applied, resume_from, ckpt
+
+
+def _classification() -> type[Task]:
+    from ..classification import ClassificationTask
+
+    return ClassificationTask
 
 
 def prepare_config(
     overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None,
-    defaults: Optional[Mapping[str, Any]] = None,
+    defaults: Optional[Mapping[str, Any]] = None, task: Optional[type[Task]] = None,
 ) -> tuple[TrainConfig, dict[str, Any]]:
-    """:func:`resolve_config`, with the default output folder filled in and, when resuming, the
+    """:func:`resolve_config`, with ``task``'s default output folder filled in and, when resuming, the
     checkpoint's own config as the base layer (so ``--resume auto`` alone continues the same run).
     """
-    cfg, applied, _, _ = _prepare(overrides, config_file, defaults)
+    cfg, applied, _, _ = _prepare(overrides, config_file, defaults, task or _classification())
     return cfg, applied
 
 
@@ -187,7 +195,7 @@ def train(
     config: TrainConfig | Mapping[str, Any],
     config_file: Optional[str] = None,
     stop: Optional[StopFlag] = None,
-    task: Optional[Callable[[TrainConfig], Task]] = None,
+    task: Optional[type[Task]] = None,
     defaults: Optional[Mapping[str, Any]] = None,
 ) -> TrainResult:
     """Train a model as ``config`` says; returns where the checkpoints are and the best score.
@@ -199,17 +207,14 @@ def train(
     SIGINT/SIGTERM, which this handles while it runs, or by the caller), ends the run after the
     current step with a checkpoint. Works as one process or under torchrun.
     """
+    task = task or _classification()
     if isinstance(config, TrainConfig):
         cfg, applied = validate_config(config), {}
         if cfg.output is None:
-            cfg = dataclasses.replace(cfg, output=_default_output(cfg))
+            cfg = dataclasses.replace(cfg, output=_default_output(cfg, task))
         resume_from, ckpt = _resume_checkpoint(cfg)
     else:
-        cfg, applied, resume_from, ckpt = _prepare(config, config_file, defaults)
-    if task is None:
-        from ..classification import ClassificationTask
-
-        task = ClassificationTask
+        cfg, applied, resume_from, ckpt = _prepare(config, config_file, defaults, task)
     dist_info = init_distributed(cfg.device)
     stop = stop if stop is not None else StopFlag()
     stop.install()

@@ -44,6 +44,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     command: ClassVar[str] = "weightformer"  # the command whose train/eval run this task
+    output_prefix: ClassVar[str] = ""  # default run folder: runs/<prefix><data>_<model>
     best_metric: ClassVar[str]
     curve_metrics: ClassVar[tuple[str, ...]] = ()
 

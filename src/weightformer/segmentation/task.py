@@ -157,6 +157,7 @@ class SegmentationTask(Task):
 
     name = "segmentation"
     command = "weightformer seg"
+    output_prefix = "seg_"
     best_metric = "mIoU"
     curve_metrics = ("mIoU", "mAcc", "aAcc")
 
