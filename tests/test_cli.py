@@ -158,8 +158,7 @@ def test_bench_is_loaded_lazily(monkeypatch, capsys):
     assert "bench subcommand is unavailable" in _error_line(capsys)
 
     fake = types.ModuleType("weightformer.bench.cli")
-    fake.add_arguments = lambda parser: parser.add_argument("--repeat", type=int, default=1)
-    fake.run = lambda args: 0 if args.repeat == 3 else 5
+    fake.main = lambda argv: 0 if argv == ["--repeat", "3"] else 5
     monkeypatch.setitem(sys.modules, "weightformer.bench.cli", fake)
     monkeypatch.setattr(weightformer.bench, "cli", fake, raising=False)
     assert main(["bench", "--repeat", "3"]) == 0

@@ -1,4 +1,5 @@
-"""The ``weightformer`` command: ``train``, ``eval`` and ``bench``.
+"""The ``weightformer`` command: ``train`` and ``eval`` here; every other subcommand lives in its own
+package and is imported only when it runs (:data:`PACKAGE_COMMANDS`).
 
 A thin layer over :func:`weightformer.engine.train` and :func:`weightformer.engine.evaluate_checkpoint`.
 Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 a run that failed for another reason:
@@ -23,6 +24,18 @@ __all__ = [
 ]
 
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+
+# Subcommands whose module has ``main(argv) -> int`` and parses its own arguments: name -> (module, help).
+PACKAGE_COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": (".bench.cli", "speed and memory benchmarks"),
+    "det": (".detection.cli", "detection and instance segmentation: train, eval, predict"),
+    "seg": (".segmentation.cli", "semantic segmentation: train, eval, predict"),
+    "gen": (".generation.cli", "class-conditional diffusion (WeightFormer-DiT): train, sample, eval"),
+    "export": (".export.cli", "export a model to the Hub layout, ONNX or torch.export"),
+    "predict": (".classification.predict", "top-k labels of images or folders"),
+    "analyze": (".analysis.cli", "analysis tools: effective receptive fields"),
+    "ablate": (".analysis.ablate", "train a grid of variants over seeds and tabulate them"),
+}
 BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem with your input; please report it "
               "on the weightformer issue tracker with the command you ran and the traceback above")
 
@@ -107,7 +120,8 @@ def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``weightformer`` (``bench`` options are parsed by the bench module)."""
     parser = argparse.ArgumentParser(prog="weightformer", description="Train, evaluate and benchmark WeightFormer.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench,det,seg}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{" + ",".join(["train", "eval", *PACKAGE_COMMANDS]) + "}")
     add_train_arguments(sub.add_parser(
         "train", help="train a model (default: WeightFormer on the bundled MNIST)",
         description="Train a timm model (default: a small WeightFormer on the bundled MNIST digits, a few minutes "
@@ -116,9 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="top-1/top-5/loss/throughput of a checkpoint or pretrained model",
         description="Evaluate a checkpoint or timm's pretrained weights: top-1, top-5, loss, img/s. Images are "
                     "preprocessed as the checkpoint was trained, else as the model's pretrained config says."))
-    sub.add_parser("bench", help="speed and memory benchmarks (weightformer bench --help)", add_help=False)
-    sub.add_parser("det", help="detection and instance segmentation (weightformer det --help)", add_help=False)
-    sub.add_parser("seg", help="semantic segmentation (weightformer seg --help)", add_help=False)
+    for name, (_, text) in PACKAGE_COMMANDS.items():
+        sub.add_parser(name, help=f"{text} (weightformer {name} --help)", add_help=False)
     return parser
 
 
@@ -179,17 +192,6 @@ def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -
     return 0
 
 
-def _run_bench(argv: Sequence[str]) -> int:
-    try:
-        from .bench import cli as bench_cli
-    except Exception as exc:  # a missing or broken bench module must not take train/eval down with it
-        print(f"error: the bench subcommand is unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
-        return 1
-    parser = argparse.ArgumentParser(prog="weightformer bench", description="Speed and memory benchmarks.")
-    bench_cli.add_arguments(parser)
-    return int(bench_cli.run(parser.parse_args(list(argv))) or 0)
-
-
 def _format_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
     return f"warning: {message}\n"
 
@@ -242,18 +244,16 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``weightformer`` and ``python -m weightformer``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # parsed by the bench module, imported only now
-        return _run_bench(argv[1:])
-    if argv[:1] in (["det"], ["seg"]):  # each dense task's own commands, imported only now
+    if argv[:1] and argv[0] in PACKAGE_COMMANDS:  # the package's own commands, imported only now
         from importlib import import_module
 
-        package = {"det": "detection", "seg": "segmentation"}[argv[0]]
+        module_name = PACKAGE_COMMANDS[argv[0]][0]
         try:
-            task_cli = import_module(f".{package}.cli", __package__)
-        except ImportError as exc:
+            package_cli = import_module(module_name, __package__)
+        except ImportError as exc:  # a missing optional dependency must not take train/eval down with it
             print(f"error: the {argv[0]} subcommand is unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
             return 1
-        return int(task_cli.main(argv[1:]))
+        return int(package_cli.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     run = (lambda: _run_train(args)) if args.command == "train" else (lambda: _run_eval(args))
     return run_reporting_errors(run, hint_grad_checkpointing=args.command == "train")

@@ -279,3 +279,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"sweep took {result['elapsed_s']:.0f} s ({result['points_measured']} points measured, "
           f"{result['points_reused']} taken from {out / JOURNAL_NAME})")
     return 0
+
+
+# Benchmarks of their own, each a module with ``main(argv) -> int``: ``weightformer bench NAME ...``.
+SUITES: Dict[str, Tuple[str, str]] = {
+    "dense": ("weightformer.bench.dense", "backbone cost at detection/segmentation sizes (GFLOPs, params, memory, img/s)"),
+    "dit": ("weightformer.bench.dit", "WeightFormer-DiT against DiT across latent sizes (time and memory)"),
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``weightformer bench``: a suite named first (:data:`SUITES`), else the sweep."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in SUITES:
+        from importlib import import_module
+
+        return int(import_module(SUITES[argv[0]][0]).main(argv[1:]) or 0)
+    parser = argparse.ArgumentParser(prog="weightformer bench")
+    add_arguments(parser)
+    parser.description = DESCRIPTION + "\n\nOther suites: " + "; ".join(
+        f"`weightformer bench {name}` ({text})" for name, (_, text) in SUITES.items())
+    return run(parser.parse_args(argv))

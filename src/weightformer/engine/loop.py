@@ -249,7 +249,7 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         if cfg.init is not None:
             init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
-        training.train_model = torch.compile(training.train_model)
+        training.train_model = torch.compile(training.train_model, dynamic=True)
     if dist_info.distributed:
         device_ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
         training.train_model = DistributedDataParallel(training.train_model, device_ids=device_ids)
