@@ -374,18 +374,13 @@ def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training
 
 
 def init_from_weights(task: Task, training: Training, path: str, dist_info: DistInfo) -> None:
-    """Start a new run from the weights in ``path`` (any format :func:`load_weights` reads).
-
-    A classifier of another size (fine-tuning on other classes) is left as initialised, and said so.
-    """
-    ckpt = read_checkpoint(path)
-    task.check_checkpoint(dict(ckpt.get("meta") or {}), f"--init {path}", resuming=False)
-    fresh = load_weights(training.model, ckpt, source=path, ignore_classifier=True)
+    """Start a new run from the weights in ``path`` (any format :func:`load_weights` reads), loaded
+    by the task (:meth:`Task.init_weights`: the whole model, or only its backbone)."""
+    loaded = task.init_weights(training.model, read_checkpoint(path), f"--init {path}")
     if training.ema is not None:
         training.ema.set(training.model)
     if dist_info.is_main:
-        head = f"; the classifier ({', '.join(fresh)}) does not fit these classes and starts fresh" if fresh else ""
-        print(f"initialised from the weights in {path}: a new run, with a new schedule{head}")
+        print(f"initialised from the weights in {path}: a new run, with a new schedule{loaded}")
 
 
 def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: DistInfo, state: RunState,

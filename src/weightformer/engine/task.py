@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .config import TrainConfig
 from .distributed import DistInfo
+from .state import load_weights
 
 __all__ = ["Task", "TaskData"]
 
@@ -62,6 +63,14 @@ class Task(ABC):
     def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
         """Raise CheckpointError if a checkpoint with ``meta`` cannot continue this run (``resuming``)
         or start it (``--init``)."""
+
+    def init_weights(self, model: nn.Module, ckpt: Mapping[str, Any], source: str) -> str:
+        """Load ``--init`` weights (an already-read checkpoint of any format) into ``model`` for a new
+        run, and return what was loaded, as a clause of the run's announcement. Default: the whole
+        model, a classifier of another size left as initialised (fine-tuning on other classes)."""
+        self.check_checkpoint(dict(ckpt.get("meta") or {}), source, resuming=False)
+        fresh = load_weights(model, ckpt, source=source, ignore_classifier=True)
+        return f"; the classifier ({', '.join(fresh)}) does not fit these classes and starts fresh" if fresh else ""
 
     def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
         """Optimizer parameter groups (e.g. layer-wise LR decay through ``lr_scale``), or None for
