@@ -27,6 +27,7 @@ from ..engine.config import TrainConfig
 from ..engine.distributed import DistInfo
 from ..engine.errors import ConfigError
 from ..engine.evaluate import autocast
+from ..engine.state import load_backbone_weights
 from ..engine.task import Task, TaskData
 from ..models.layer_decay import layer_decay_param_groups
 from ..models.pyramid import SimpleFeaturePyramid, build_backbone
@@ -181,6 +182,13 @@ class DetectionTask(Task):
             if meta.get(key) != mine:
                 raise CheckpointError(f"{source} has {key} {meta.get(key)} and this run {mine}; pass {flag} to "
                                       f"match it{', or start a new run' if resuming else ''}")
+
+    def init_weights(self, model: nn.Module, ckpt: Mapping[str, Any], source: str) -> str:
+        """A checkpoint of this task initialises the whole model; any other (a classifier's: ours, the
+        authors', timm's) only the backbone."""
+        if (ckpt.get("meta") or {}).get("task") == self.name:
+            return super().init_weights(model, ckpt, source)
+        return load_backbone_weights(model, BACKBONE_PATH, self.cfg.model, ckpt, source)
 
     def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
         if self.cfg.layer_decay is None:

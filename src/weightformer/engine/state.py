@@ -31,6 +31,7 @@ from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_pr
 from .errors import ConfigError
 
 __all__ = [
+    "load_backbone_weights",
     "TRAINING_STATE_KEYS",
     "build_model",
     "capture_rng",
@@ -269,3 +270,19 @@ def load_weights(
         state.update({k: expected[k] for k in kept})
     load_model_state(model, state, source=source)
     return kept
+
+
+def load_backbone_weights(
+    model: nn.Module, backbone_path: str, model_name: str, checkpoint: Mapping[str, Any], source: str
+) -> str:
+    """Load a classifier's weights (``checkpoint``, already read, any format :func:`load_weights`
+    knows: ours, the authors', timm/DeiT) into the timm backbone at ``backbone_path`` inside a dense
+    model; its classifier is dropped and everything outside the backbone keeps its initialisation.
+    ``model_name`` is the backbone's timm name, checked against a checkpoint of ours. Returns what was
+    loaded, as a clause of the run's announcement."""
+    meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
+    if meta.get("model") not in (None, model_name):
+        raise CheckpointError(f"{source} holds a {meta['model']}, and this run's backbone is {model_name}; "
+                              f"pass --model {meta['model']} (with its model kwargs) or another checkpoint")
+    load_weights(model.get_submodule(backbone_path), checkpoint, source=source, ignore_classifier=True)
+    return f"; only its backbone ({model_name}): the neck and heads start fresh"
