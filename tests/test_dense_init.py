@@ -15,11 +15,14 @@ from weightformer.detection import synthetic as det_synthetic
 from weightformer.detection.task import BACKBONE_PATH as DET_BACKBONE, DetectionTask
 from weightformer.engine import train
 from weightformer.engine.config import TrainConfig, validate_config
+from weightformer.engine.distributed import DistInfo
 from weightformer.engine.state import read_checkpoint
 from weightformer.segmentation.synthetic import write_shapes as write_seg_shapes
 from weightformer.segmentation.task import BACKBONE_PATH as SEG_BACKBONE, SegmentationTask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), owns_process_group=False)
 
 BACKBONE = {"embed_dim": 32, "depth": 2}
 SEG_KWARGS = {**BACKBONE, "channels": 16, "pyramid_channels": 16, "aux_channels": 8}
@@ -52,7 +55,7 @@ def _seg_task(tmp_path: Path, **overrides) -> SegmentationTask:
 def test_segmentation_takes_only_the_backbone_of_a_classifier(tmp_path: Path, classifier_file):
     path, state = classifier_file
     task = _seg_task(tmp_path)
-    model, _ = task.build_model(task.build_data(None), torch.device("cpu"))
+    model, _ = task.build_model(task.build_data(CPU), torch.device("cpu"))
     head_before = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(SEG_BACKBONE)}
     assert not _backbone_matches(model, SEG_BACKBONE, state)
     message = task.init_weights(model, read_checkpoint(path), f"--init {path}")
@@ -66,7 +69,7 @@ def test_another_backbone_is_refused_by_name(tmp_path: Path, classifier_file):
     path, state = classifier_file
     ours = {"meta": {"task": "classification", "model": "deit_tiny_patch16_224"}, "model": state}
     task = _seg_task(tmp_path)
-    model, _ = task.build_model(task.build_data(None), torch.device("cpu"))
+    model, _ = task.build_model(task.build_data(CPU), torch.device("cpu"))
     with pytest.raises(CheckpointError, match="holds a deit_tiny_patch16_224.*pass --model deit_tiny_patch16_224"):
         task.init_weights(model, ours, "--init x.pt")
 

@@ -168,12 +168,14 @@ class SegmentationTask(Task):
         super().__init__(cfg)
         self.img_size = cfg.img_size or 512
         self.num_classes = cfg.num_classes or default_num_classes(cfg.data)
+        self.distributed_cuda = False  # set by build_data: several CUDA processes share the batch statistics
         if cfg.seg_inference == "slide" and cfg.seg_stride > cfg.seg_crop:
             raise ConfigError(f"sliding-window stride {cfg.seg_stride} is larger than the crop {cfg.seg_crop}: "
                               f"the windows would leave pixels out; pass a --stride of at most --crop")
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         cfg = self.cfg
+        self.distributed_cuda = dist_info.world_size > 1 and dist_info.device.type == "cuda"
         root = data_root(cfg.data)
         train_tf = TrainTransform(crop_size=self.img_size, scale=(4 * self.img_size, self.img_size), hflip=cfg.hflip,
                                   photometric=not cfg.no_aug)
@@ -192,7 +194,10 @@ class SegmentationTask(Task):
             "num_classes": self.num_classes, "reduce_zero_label": cfg.reduce_zero_label, "img_size": self.img_size,
             "data": cfg.data, "classes": list(SHAPES_CLASSES) if cfg.data == SHAPES_NAME else None,
         }
-        return build_segmenter(meta).to(device), meta
+        model = build_segmenter(meta)
+        if self.distributed_cuda:  # mmseg's SyncBN: batch statistics over every process's images (CUDA only)
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return model.to(device), meta
 
     def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
         if meta.get("task") not in (None, self.name):
