@@ -276,15 +276,31 @@ def _mode(text: str) -> str:
     return text
 
 
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The options of ``weightformer bench dense``; a bad one is one ``error:`` line and exit status 2."""
+    from .cli import _one_line_error
+
     parser = argparse.ArgumentParser(prog="weightformer bench dense", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.error = _one_line_error(parser)  # type: ignore[method-assign]
     add = parser.add_argument
     add("--models", type=_list(_model), default=list(BACKBONES), help=f"comma-separated (default: {','.join(BACKBONES)})")
     add("--sizes", type=_list(_size), default=list(DEFAULT_SIZES), help="comma-separated S or HxW (default: 800x1333,1024,512)")
     add("--modes", type=_list(_mode), default=[INFER, TRAIN], help="infer, train or both (default: infer,train)")
-    add("--repetitions", type=int, default=3, help="timed rounds; medians are reported (default: 3)")
-    add("--max-call-seconds", type=float, default=60.0, help="skip a model whose first call takes longer (default: 60)")
+    add("--repetitions", type=_positive(int), default=3, help="timed rounds; medians are reported (default: 3)")
+    add("--max-call-seconds", type=_positive(float), default=60.0, help="skip a model whose first call takes longer (default: 60)")
     add("--no-memory", action="store_true", help="skip the peak-memory measurements")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N] (default: %(default)s)")
     add("--out", type=Path, default=None, help="output folder (default: benchmarks/results/<device type>/dense)")
@@ -301,9 +317,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(spec["threads"])
         print(_peak_memory_here(spec["key"], spec["mode"], spec["height"], spec["width"], "cpu"))
         return 0
-    if args.repetitions < 1 or args.max_call_seconds <= 0:
-        print("error: --repetitions must be at least 1 and --max-call-seconds positive", file=sys.stderr)
-        return 2
     device = args.device
     try:
         torch.device(device)

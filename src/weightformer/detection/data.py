@@ -178,6 +178,27 @@ def collate(batch: list[tuple[Tensor, Target]]) -> tuple[list[Tensor], list[Targ
     return list(images), list(targets)
 
 
+def horizontal_flip(image: Tensor, target: Target) -> tuple[Tensor, Target]:
+    """The image, its masks and its boxes mirrored left to right."""
+    width = image.shape[-1]
+    target = dict(target)
+    target["masks"] = target["masks"].flip(-1)
+    target["boxes"] = torch.stack([width - target["boxes"][:, 2], target["boxes"][:, 1],
+                                   width - target["boxes"][:, 0], target["boxes"][:, 3]], dim=1)
+    return image.flip(-1), target
+
+
+class RandomFlip:
+    """Flip with probability ``flip`` and nothing else: the model's own transform resizes the image
+    (short side ``min_size``, long side at most ``max_size``), the 1× schedule's training pipeline."""
+
+    def __init__(self, flip: float = 0.5):
+        self.flip = flip
+
+    def __call__(self, image: Tensor, target: Target) -> tuple[Tensor, Target]:
+        return horizontal_flip(image, target) if random.random() < self.flip else (image, dict(target))
+
+
 class LargeScaleJitter:
     """Large-scale jitter (Ghiasi et al., 2021), ViTDet's training augmentation.
 
@@ -196,9 +217,7 @@ class LargeScaleJitter:
         target = dict(target)
         height, width = image.shape[-2:]
         if random.random() < self.flip:
-            image, target["masks"] = image.flip(-1), target["masks"].flip(-1)
-            target["boxes"] = torch.stack([width - target["boxes"][:, 2], target["boxes"][:, 1],
-                                           width - target["boxes"][:, 0], target["boxes"][:, 3]], dim=1)
+            image, target = horizontal_flip(image, target)
         scale = random.uniform(*self.scale_range) * self.size / max(height, width)
         new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
         image = F.interpolate(image[None], size=(new_h, new_w), mode="bilinear", align_corners=False)[0]
