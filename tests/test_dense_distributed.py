@@ -41,7 +41,7 @@ SEGMENTER = {"embed_dim": 32, "depth": 2, "drop_path_rate": 0.1, "channels": 16,
              "aux_channels": 8}
 
 
-@pytest.mark.parametrize("task", ["det"])
+@pytest.mark.parametrize("task", ["det", "seg"])
 def test_torchrun_two_cpu_processes_keep_identical_weights(tmp_path: Path, task: str):
     if task == "det":
         data = det_synthetic.write_shapes(tmp_path / "data", seed=2, split_sizes={"train": 8, "val": 2})

@@ -32,7 +32,7 @@ from ..engine.task import Task, TaskData
 from ..models.layer_decay import layer_decay_param_groups
 from ..models.pyramid import SimpleFeaturePyramid, build_backbone
 from . import synthetic
-from .data import CocoDetection, LargeScaleJitter, SeededJitterDataset, Target, collate, drop_crowd
+from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, Target, collate, drop_crowd
 from .evaluation import METRIC_NAMES, CocoEvaluator
 from .model import build_maskrcnn
 
@@ -105,7 +105,7 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
         backbone = build_backbone(meta["model"], **backbone_kwargs)
         pyramid = SimpleFeaturePyramid(backbone, out_channels=detector_kwargs.get("conv_dim", _CONV_DIM))
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], min_size=meta["img_size"],
-                              max_size=meta["img_size"], **detector_kwargs)
+                              max_size=meta.get("max_size", meta["img_size"]), **detector_kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"cannot build a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']} with "
                           f"model_kwargs {dict(meta['model_kwargs'])} ({exc})") from None
@@ -124,9 +124,16 @@ def _percent(value: Optional[float]) -> str:
 class DetectionTask(Task):
     """Train a Mask R-CNN (or, with ``cascade``, a Cascade Mask R-CNN) on COCO-layout data.
 
-    Training images get large-scale jitter to ``img_size``² crops (with ``no_aug``, no scale jitter: each
-    image fits the square as it is) and flips with probability ``hflip``, seeded by (seed, epoch,
-    index); the model resizes every image so its long side is ``img_size``. ``num_classes`` counts the categories (None: the annotation file's).
+    ``det_resize`` picks the image sizes, for training and evaluation:
+
+    - ``lsj`` (ViTDet's): training images get large-scale jitter to ``img_size``² crops (with
+      ``no_aug``, no scale jitter: each image fits the square as it is); the model resizes every image
+      so its long side is ``img_size``.
+    - ``shortest_edge`` (the 1× schedule's): the model resizes every image so its short side is
+      ``img_size`` and its long side at most ``det_max_size``; training adds only flips.
+
+    Flips have probability ``hflip``; all randomness is seeded by (seed, epoch, index).
+    ``num_classes`` counts the categories (None: the annotation file's).
     """
 
     name = "detection"
@@ -157,10 +164,15 @@ class DetectionTask(Task):
             raise ConfigError(f"num_classes {self.num_classes} is fewer than the {categories} categories of "
                               f"{train.annotation_file}; drop --num-classes to use the file's")
         self.val_set = val
-        scales = (1.0, 1.0) if cfg.no_aug else LSJ_SCALES
-        train_set = SeededJitterDataset(train, LargeScaleJitter(self.img_size, scales, flip=cfg.hflip), seed=cfg.seed)
-        description = (f"data {cfg.data}: {len(train)} train / {len(val)} val images, {categories} categories, "
-                       f"{'flips' if cfg.no_aug else 'large-scale jitter'} to {self.img_size}² crops")
+        if cfg.det_resize == "lsj":
+            scales = (1.0, 1.0) if cfg.no_aug else LSJ_SCALES
+            augment: Any = LargeScaleJitter(self.img_size, scales, flip=cfg.hflip)
+            sizes = f"{'flips' if cfg.no_aug else 'large-scale jitter'} to {self.img_size}² crops"
+        else:
+            augment = RandomFlip(cfg.hflip)
+            sizes = f"flips, short side {self.img_size} and long side at most {cfg.det_max_size}"
+        train_set = SeededJitterDataset(train, augment, seed=cfg.seed)
+        description = f"data {cfg.data}: {len(train)} train / {len(val)} val images, {categories} categories, {sizes}"
         return TaskData(train_set, val, description, collate_fn=collate)
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
@@ -169,7 +181,8 @@ class DetectionTask(Task):
         meta = {
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
             "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
-            "img_size": self.img_size, "data": cfg.data if cfg.data == synthetic.NAME else str(Path(cfg.data).resolve()),
+            "img_size": self.img_size,
+            "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size, "data": cfg.data if cfg.data == synthetic.NAME else str(Path(cfg.data).resolve()),
         }
         return build_detector(meta).to(device), meta
 

@@ -29,6 +29,7 @@ __all__ = [
     "TrainConfig", "load_config_file", "parse_model_kwargs", "resolve_config", "scaled_learning_rates", "validate_config",
 ]
 
+SCHEDULES = ("cosine", "multistep", "poly")  # timm's schedulers that the loop offers
 REFERENCE_BATCH = 512  # lr, min_lr and warmup_lr are given for this total batch and scaled linearly
 
 
@@ -60,7 +61,10 @@ class TrainConfig:
     lr: float = 5e-4
     min_lr: float = 5e-6  # the cosine schedule's final value
     warmup_lr: float = 5e-7  # the value the linear warm-up starts from
-    warmup_epochs: int = 20
+    warmup_epochs: float = 20  # fractions allowed: ViTDet warms up for 250 steps, 0.136 of its epochs
+    sched: str = "cosine"  # cosine; multistep (x decay_rate at each of decay_milestones); poly (power decay_rate)
+    decay_milestones: tuple[float, ...] = ()  # multistep: the epochs (fractions allowed) of each decay
+    decay_rate: float = 0.1  # multistep: the factor of each decay; poly: the power (timm's meanings)
     weight_decay: float = 0.05  # not applied to norms and biases
     opt: str = "adamw"  # any name in timm.optim.list_optimizers(), optionally lookahead_<name>
     clip_grad: Optional[float] = 5.0  # max gradient norm; None disables clipping
@@ -87,6 +91,10 @@ class TrainConfig:
     seg_inference: str = "whole"  # segmentation evaluation: whole images, or slide (overlapping crops)
     seg_crop: int = 512  # sliding-window crop
     seg_stride: int = 341  # sliding-window stride
+    det_resize: str = "lsj"  # detection: lsj (jitter, img_size² crops; ViTDet) or shortest_edge (the 1x schedule's)
+    det_max_size: int = 1333  # detection, shortest_edge: the long side's limit (the short side is img_size)
+    # generation
+    vae: Optional[str] = None  # a local diffusers AutoencoderKL folder: train in its latent space; None: pixels
     # systems
     amp: str = "none"  # none, bf16 or fp16 (fp16 needs a GPU); the release's T and S use fp16
     compile: bool = False
@@ -104,6 +112,7 @@ class TrainConfig:
         """Plain, YAML- and checkpoint-safe values."""
         out = dataclasses.asdict(self)
         out["train_scale"] = list(self.train_scale)
+        out["decay_milestones"] = list(self.decay_milestones)
         return out
 
 
@@ -153,6 +162,10 @@ def _check_value(name: str, value: Any) -> Any:
     origin = typing.get_origin(base) or base
     if origin is float:
         return _finite(name, value)
+    if origin is tuple and typing.get_args(base)[-1] is Ellipsis:  # any number of numbers
+        if not isinstance(value, (list, tuple)) or not all(_is_number(v) for v in value):
+            raise ConfigError(f"setting {name!r} must be a list of numbers, e.g. [8, 11], got {value!r}")
+        return tuple(_finite(name, v) for v in value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_is_number(v) for v in value):
             raise ConfigError(f"setting {name!r} must be two numbers [min, max], got {value!r}")
@@ -293,6 +306,9 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("min_lr", lambda v: v >= 0, "0 or more"),
     ("warmup_lr", lambda v: v >= 0, "0 or more"),
     ("warmup_epochs", lambda v: v >= 0, "0 (no warm-up) or more"),
+    ("sched", lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+    ("decay_milestones", lambda v: all(a < b for a, b in zip((0.0, *v), v)), "increasing positive epochs, e.g. [8, 11]"),
+    ("decay_rate", lambda v: v > 0, "positive: the multistep factor (e.g. 0.1) or the poly power (e.g. 1.0)"),
     ("weight_decay", lambda v: v >= 0, "0 (none) or more"),
     ("clip_grad", lambda v: v is None or v > 0, "a positive gradient norm, or null for no clipping"),
     ("smoothing", lambda v: 0 <= v < 1, "in [0, 1): 0 for none, 0.1 for the paper's"),
@@ -316,6 +332,8 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seg_inference", lambda v: v in ("whole", "slide"), "whole or slide"),
     ("seg_crop", lambda v: v >= 1, "a positive number of pixels"),
     ("seg_stride", lambda v: v >= 1, "a positive number of pixels"),
+    ("det_resize", lambda v: v in ("lsj", "shortest_edge"), "lsj or shortest_edge"),
+    ("det_max_size", lambda v: v >= 1, "a positive number of pixels"),
 )
 
 

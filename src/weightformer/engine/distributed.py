@@ -93,3 +93,12 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     gathered: list[Any] = [None] * info.world_size
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def broadcast_buffers(module: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics). DDP broadcasts them before
+    each training forward, but each rank's last forward updates its own copy afterwards; without this,
+    the ranks would evaluate, and end, with different statistics."""
+    if info.world_size > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer.data, src=0)

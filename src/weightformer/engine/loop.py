@@ -7,7 +7,7 @@ loops :func:`train_one_epoch` and :func:`end_epoch` before :func:`finish`. What 
 tasks (the data, the model, the loss of a step, the evaluation) comes from a
 :class:`~weightformer.engine.task.Task`; classification is the default. The rest is built from
 timm's parts: ``create_optimizer_v2`` (AdamW, no weight decay on norms and biases, or a task's
-parameter groups), ``create_scheduler_v2`` (cosine with warm-up, updated every step, applying
+parameter groups), ``create_scheduler_v2`` (cosine, multistep or poly with warm-up, updated every step, applying
 per-group ``lr_scale``), ``ModelEmaV3`` and ``dispatch_clip_grad``.
 """
 
@@ -37,7 +37,8 @@ from ..checkpoint import CheckpointError, save_atomic
 from ..data import ResumableSampler
 from .config import TrainConfig, resolve_config, scaled_learning_rates, validate_config
 from .distributed import (
-    DistInfo, all_gather_objects, all_reduce_sum, init_distributed, max_over_ranks, shutdown_distributed,
+    DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed, max_over_ranks,
+    shutdown_distributed,
 )
 from .errors import ConfigError, TrainingDivergedError
 from .evaluate import autocast
@@ -320,8 +321,8 @@ def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
 
 
 def build_training(cfg: TrainConfig, task: Task, data: TrainData, dist_info: DistInfo) -> Training:
-    """The task's model, then the optimizer (the task's parameter groups, if any), per-step cosine
-    schedule, grad scaler and EMA."""
+    """The task's model, then the optimizer (the task's parameter groups, if any), the per-step
+    schedule (``cfg.sched``), grad scaler and EMA."""
     model, meta = task.build_model(data.task_data, dist_info.device)
     if cfg.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
@@ -332,7 +333,8 @@ def build_training(cfg: TrainConfig, task: Task, data: TrainData, dist_info: Dis
     optimizer = create_optimizer_v2(params if params is not None else model, opt=cfg.opt, lr=lrs["lr"],
                                     weight_decay=cfg.weight_decay)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, min_lr=lrs["min_lr"],
+        optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, min_lr=lrs["min_lr"],
+        decay_milestones=list(cfg.decay_milestones), decay_rate=cfg.decay_rate,
         warmup_lr=lrs["warmup_lr"], step_on_epochs=False, updates_per_epoch=data.steps_per_epoch,
     )
     return Training(
@@ -509,9 +511,13 @@ def end_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training,
     and its checkpoint continues that epoch.
     """
     epoch_done = state.step_in_epoch == data.steps_per_epoch
+    broadcast_buffers(training.model, dist_info)
+    if training.ema is not None:
+        broadcast_buffers(training.ema.module, dist_info)
     record = _evaluation_record(task, data, training, state, cfg, dist_info, partial=not epoch_done)
     score = record[f"val_{task.best_metric}"]
-    improved = state.best_score is None or score > state.best_score
+    improved = state.best_score is None or (score > state.best_score if task.higher_is_better
+                                            else score < state.best_score)
     if improved:
         state.best_score, state.best_epoch = score, state.epoch + 1
     finished_epoch = state.epoch

@@ -40,13 +40,15 @@ class Task(ABC):
     """One kind of training (classification, detection, segmentation, generation).
 
     ``best_metric`` names the entry of :meth:`evaluate`'s result that picks ``best.pt`` (higher is
-    better); ``curve_metrics`` are the entries plotted in ``curves.png``.
+    better, or lower when ``higher_is_better`` is False, e.g. a loss); ``curve_metrics`` are the entries
+    plotted in ``curves.png``.
     """
 
     name: ClassVar[str]
     command: ClassVar[str] = "weightformer"  # the command whose train/eval run this task
     output_prefix: ClassVar[str] = ""  # default run folder: runs/<prefix><data>_<model>
     best_metric: ClassVar[str]
+    higher_is_better: ClassVar[bool] = True
     curve_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: TrainConfig):
