@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from .errors import DataError
 
-__all__ = ["FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "load_image_folder", "scan_split"]
+__all__ = ["FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "list_images", "load_image_folder", "scan_split"]
 
 SPLITS = ("train", "val")
 # Pillow's modes for 16-bit samples: 16-bit grayscale PNG and TIFF open as I;16, 16-bit PGM as I.
@@ -96,7 +96,7 @@ def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
         ) from None
 
 
-def _list_images(class_dir: Path, split_dir: Path) -> list[str]:
+def list_images(class_dir: Path, split_dir: Path) -> list[str]:
     """Image files under ``class_dir``, sorted by folder then name, following symlinks but not loops.
 
     A symlink that leads to a folder on the way down to it (itself, a parent, the split, the
@@ -150,7 +150,7 @@ def scan_split(
     per_class: list[list[str]] = []
     with _progress(progress, total=len(classes), desc=f"listing {split_dir.name}/", unit="class") as bar:
         for name in classes:
-            per_class.append(_list_images(split_dir / name, split_dir))
+            per_class.append(list_images(split_dir / name, split_dir))
             bar.update(1)
     candidates = [(path, index) for index, paths in enumerate(per_class) for path in paths]
     paths = [path for path, _ in candidates]

@@ -21,7 +21,7 @@ from .distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_di
 from .errors import ConfigError
 from .state import build_model, check_input_size, load_weights, read_checkpoint
 
-__all__ = ["autocast", "evaluate", "evaluate_checkpoint", "format_eval"]
+__all__ = ["autocast", "eval_transform_config", "evaluate", "evaluate_checkpoint", "format_eval"]
 
 
 def autocast(device: torch.device, amp: str):
@@ -136,7 +136,7 @@ def _model_meta(ckpt: Mapping[str, Any], model: Optional[str], model_kwargs: Opt
             "in_chans": info.in_chans}
 
 
-def _eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Optional[int]) -> dict[str, Any]:
+def eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Optional[int]) -> dict[str, Any]:
     """Our checkpoints name the preprocessing they were trained with; for anything else the model's
     pretrained config decides (the release's squash resize for WeightFormer), as in timm/validate.py."""
     pretrained_cfg = getattr(net, "pretrained_cfg", None)
@@ -197,7 +197,7 @@ def evaluate_checkpoint(
                 f"pretrained {model} has {net.num_classes} classes, {data} has {info.num_classes}; "
                 f"evaluate on data with the model's classes"
             )
-        data_config = _eval_transform_config(net, meta, img_size)
+        data_config = eval_transform_config(net, meta, img_size)
         net.to(dist_info.device)
         check_input_size(net, {"model": meta["model"], "in_chans": info.in_chans,
                                "img_size": data_config["input_size"][-1]}, dist_info.device)

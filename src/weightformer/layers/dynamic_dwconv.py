@@ -13,6 +13,16 @@ adaptive average pool of X to K×K and ḡ = mean(X) ∈ R^C:
   and a = W_a·GELU(W₁ḡ + b₁) + b_a.
 - ``conv``: like ``adaptive`` with spatial mixing inside the predictor, W₁ a 3×3 depthwise
   convolution (zero padding) followed by a 1×1 convolution.
+
+Traced forms. In eager mode the per-sample kernels run as one grouped convolution with B·C groups
+and P_K is ``F.adaptive_avg_pool2d``. Neither survives tracing with symbolic sizes: ONNX ``Conv``
+takes its group count as a constant, ``torch.compile`` guards on it, and an exported adaptive pool
+keeps the bin indices of the example's size. While ``torch.compile`` or ``torch.export`` (and so
+the ONNX exporter) traces the layer, it therefore runs the same arithmetic in forms whose sizes
+stay symbolic: the convolution as a sum of K² shifted, per-sample-scaled copies of the input
+(:func:`per_sample_depthwise_conv_taps`) and the pool as two averaging matrices built from the
+input size (:func:`adaptive_avg_pool_matrices`). Both equal the eager forms up to float rounding
+(tested), and Inductor fuses the K² taps into one pass.
 """
 
 
@@ -25,12 +35,65 @@ from .dynamic_layer import DynamicWeightLayer
 
 __all__ = [
     "DWCONV_PREDICTORS",
+    "adaptive_avg_pool",
+    "adaptive_avg_pool_matrices",
+    "per_sample_depthwise_conv_taps",
     "DynamicDWConv",
     "AdaptiveKernelPredictor",
     "GapKernelPredictor",
     "AmplitudeDirectionKernelPredictor",
     "ConvKernelPredictor",
 ]
+
+
+def adaptive_avg_pool_matrices(x: Tensor, size: int) -> Tensor:
+    """``F.adaptive_avg_pool2d(x, size)`` as A_H · X · A_Wᵀ, with A_n (size, n) averaging PyTorch's bins.
+
+    Bin i of a side n covers [⌊i·n/size⌋, ⌈(i+1)·n/size⌉). The matrices are computed from the
+    input's shape, so a traced graph pools any size correctly. Shapes (B, C, H, W) -> (B, C, size, size).
+    """
+    H, W = x.shape[-2], x.shape[-1]
+    rows = _bin_average_matrix(H, size, x)  # (size, H)
+    cols = _bin_average_matrix(W, size, x)  # (size, W)
+    return torch.matmul(torch.matmul(rows, x), cols.t())  # (B, C, size, W) -> (B, C, size, size)
+
+
+def _bin_average_matrix(n: int, size: int, like: Tensor) -> Tensor:
+    """(size, n): row i averages the positions of adaptive-pooling bin i of a side of n."""
+    bins = torch.arange(size, device=like.device)
+    start = (bins * n) // size
+    end = ((bins + 1) * n + size - 1) // size  # ceil((i + 1)·n / size)
+    positions = torch.arange(n, device=like.device)
+    inside = ((positions[None, :] >= start[:, None]) & (positions[None, :] < end[:, None])).to(like.dtype)
+    return inside / inside.sum(dim=1, keepdim=True)
+
+
+def adaptive_avg_pool(x: Tensor, size: int) -> Tensor:
+    """Adaptive average pooling to size×size: ``F.adaptive_avg_pool2d`` in eager mode, the
+    size-following :func:`adaptive_avg_pool_matrices` while torch.compile or torch.export traces."""
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
+        if torch.compiler.is_compiling():
+            return adaptive_avg_pool_matrices(x, size)
+    return F.adaptive_avg_pool2d(x, size)
+
+
+def per_sample_depthwise_conv_taps(x: Tensor, kernel: Tensor, bias: Tensor) -> Tensor:
+    """Depthwise convolution with one K×K kernel per sample and channel, "same" zero padding, as a
+    sum of K² shifted copies of the input: y = b + Σ_ij K[:, :, i, j] · pad(X)[:, :, i:i+H, j:j+W].
+
+    No group count appears, so every size can stay symbolic (ONNX, torch.export, torch.compile).
+    Works channels-last, the layout the blocks hold their tokens in.
+    Shapes: x (B, C, H, W), kernel (B, C, K, K), bias (C,) -> (B, C, H, W).
+    """
+    K = kernel.shape[-1]
+    H, W = x.shape[-2], x.shape[-1]
+    padded = F.pad(x.permute(0, 2, 3, 1), (0, 0, K // 2, K // 2, K // 2, K // 2))  # (B, H+K-1, W+K-1, C)
+    taps = kernel.permute(0, 2, 3, 1)  # (B, K, K, C)
+    out = bias.to(x.dtype)  # (C,), broadcast to (B, H, W, C) by the first tap
+    for i in range(K):
+        for j in range(K):
+            out = out + padded[:, i:i + H, j:j + W, :] * taps[:, i, j, None, None, :]
+    return out.permute(0, 3, 1, 2)  # (B, C, H, W), channels-last
 
 
 class AdaptiveKernelPredictor(nn.Module):
@@ -46,7 +109,7 @@ class AdaptiveKernelPredictor(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
         # Contiguous (NCHW) so the 1×1 convs' weight gradients come out in the weights' own layout,
         # which DDP's gradient buckets expect; the pooled map is only K×K.
-        pooled = F.adaptive_avg_pool2d(x, self.kernel_size).contiguous()
+        pooled = adaptive_avg_pool(x, self.kernel_size).contiguous()
         return self.fc2(self.act(self.fc1(pooled)))
 
 
@@ -94,7 +157,7 @@ class ConvKernelPredictor(nn.Module):
         self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
-        pooled = F.adaptive_avg_pool2d(x, self.kernel_size).contiguous()  # see AdaptiveKernelPredictor
+        pooled = adaptive_avg_pool(x, self.kernel_size).contiguous()  # see AdaptiveKernelPredictor
         return self.fc2(self.act(self.fc1(self.spatial(pooled))))
 
 
@@ -148,6 +211,9 @@ class DynamicDWConv(DynamicWeightLayer):
         delta = self.predictor(x)  # (B, C, K, K)
         delta = delta / (torch.linalg.vector_norm(delta, dim=(2, 3), keepdim=True) + 1.0)
         kernel = (delta + self.weight.view(1, C, K, K)).to(x.dtype)  # (B, C, K, K), no repeat of the static kernel
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
+            if torch.compiler.is_compiling():  # sizes stay symbolic: no B·C group count (module docstring)
+                return per_sample_depthwise_conv_taps(x, kernel, self.bias)
         # Fold the batch into the channels, channels-last: (H, W, B, C) -> one grouped conv with B·C
         # groups gives every sample its own kernels. For a channels-last x (a permuted token grid) the
         # fold is a view when B == 1 and one copy otherwise; an NCHW fold would make mkldnn take its

@@ -123,10 +123,12 @@ class _LowRankPredictor(nn.Module):
         """ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale for P (B, N', C/r + O/r).
 
         Evaluated as U_inᵀ·(σ(P_in)ᵀσ(P_out)·scale)·U_out: the N'-sized product shrinks to
-        C/r × O/r first, so the cost is N'·C·O/r² instead of N'·C·O.
+        C/r × O/r first, so the cost is N'·C·O/r² instead of N'·C·O. The predictors call ``torch.bmm``
+        for these batched products, the kernel ``torch.matmul`` would reach: traced, ``matmul``'s
+        decomposition records a batch-size condition that makes an exported program refuse batch 1.
         """
         p_in, p_out = torch.split(F.silu(p), [self.in_rank, self.out_rank], dim=-1)
-        return self.expand(torch.matmul(p_in.transpose(1, 2), p_out) * scale)
+        return self.expand(torch.bmm(p_in.transpose(1, 2), p_out) * scale)
 
 
 class BilateralPredictor(_LowRankPredictor):
@@ -143,7 +145,7 @@ class LinearPredictor(_LowRankPredictor):
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         num_tokens = x.shape[1] * x.shape[2]
         p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
-        return self.expand(torch.matmul(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
+        return self.expand(torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
 
 
 class NonlinearPredictor(_LowRankPredictor):
@@ -152,7 +154,7 @@ class NonlinearPredictor(_LowRankPredictor):
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         num_tokens = x.shape[1] * x.shape[2]
         p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
-        core = torch.matmul(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
+        core = torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
         return self.expand(F.silu(core))
 
 

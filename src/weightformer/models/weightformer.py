@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, PatchEmbed, trunc_normal_
+from timm.layers import DropPath, PatchEmbed, nchw_to, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
@@ -66,6 +66,18 @@ def whole_patches(x: Tensor, patch_size: int) -> Tensor:
     """
     H, W = x.shape[-2], x.shape[-1]
     return x[:, :, : H - H % patch_size, : W - W % patch_size]
+
+
+class WholePatchEmbed(PatchEmbed):
+    """timm's ``PatchEmbed`` for images already cut to whole patches (:func:`whole_patches`).
+
+    Its forward leaves out timm's divisibility check, which cannot fail here, because that check
+    formats the image size into its message even when it passes, and formatting a symbolic size
+    makes torch.compile specialise (recompile) on it. Parameters and state-dict keys are timm's.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C_in, H, W) -> (B, H / p, W / p, C), NHWC
+        return self.norm(nchw_to(self.proj(x), self.output_fmt))
 
 
 class Mlp(nn.Module):
@@ -217,7 +229,7 @@ class WeightFormer(nn.Module):
 
         # Any image size; forward_features first drops the pixels past the last whole patch (see
         # whole_patches), so the patch embedding only checks that the sides are multiples of the patch.
-        self.patch_embed = PatchEmbed(
+        self.patch_embed = WholePatchEmbed(
             img_size=img_size,
             patch_size=patch_size,
             in_chans=in_chans,

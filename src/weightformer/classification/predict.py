@@ -1,0 +1,220 @@
+"""``weightformer predict``: the top-k classes of image files, or of every image in folders.
+
+Class names come from the checkpoint (the class folders it was trained on), from the model's
+pretrained config (``label_names``, as a Hub export carries them), or, for ImageNet classifiers,
+from timm's :class:`~timm.data.ImageNetInfo`. Images are preprocessed as the model was evaluated
+(:func:`weightformer.engine.evaluate.evaluate_checkpoint`'s transform). Files that cannot be read
+are skipped and listed; the exit code then is :data:`EXIT_SKIPPED`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.data import ImageNetInfo, create_transform, infer_imagenet_subset
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from ..cli import run_reporting_errors
+from ..data.errors import DataError
+from ..data.folder import DECODE_ERRORS, IMG_EXTENSIONS, list_images, rgb_loader
+from ..engine.config import parse_model_kwargs
+from ..engine.errors import ConfigError
+from ..engine.evaluate import eval_transform_config
+from ..export.files import output_file
+from ..export.source import LoadedModel, load_classifier
+
+__all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "image_paths", "main", "predict", "write_predictions"]
+
+EXIT_SKIPPED = 3  # every readable image was predicted, and some files were not images that could be read
+
+
+def image_paths(paths: Sequence[str | Path]) -> list[Path]:
+    """The files named, a folder standing for every image file under it (sorted, recursively);
+    :class:`DataError` for a path that does not exist or a folder without images."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            found = list_images(path, path)
+            if not found:
+                raise DataError(f"folder {path} holds no images ({', '.join(IMG_EXTENSIONS)})")
+            files.extend(Path(p) for p in found)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise DataError(f"{path} does not exist; pass image files or folders of them")
+    return files
+
+
+def class_names(loaded: LoadedModel) -> list[str]:
+    """A name per class: the checkpoint's classes, the model's ``label_names``, ImageNet's descriptions,
+    else ``class <i>``."""
+    model, num_classes = loaded.model, loaded.model.num_classes
+    if loaded.meta.get("classes") and len(loaded.meta["classes"]) == num_classes:
+        return [str(c) for c in loaded.meta["classes"]]
+    labels = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    if labels and len(labels) == num_classes:
+        return [str(c) for c in (labels.values() if isinstance(labels, dict) else labels)]
+    subset = infer_imagenet_subset(model)
+    if subset:
+        info = ImageNetInfo(subset)
+        return [info.index_to_description(i) for i in range(num_classes)]
+    return [f"class {i}" for i in range(num_classes)]
+
+
+class ImageFiles(Dataset):
+    """(transformed image, index, readable) per file; an unreadable file gives an empty image and False."""
+
+    def __init__(self, files: Sequence[Path], transform: Any, in_chans: int):
+        self.files, self.transform, self.in_chans = list(files), transform, in_chans
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, bool]:
+        try:
+            image = rgb_loader(str(self.files[index]))
+            image.load()
+        except DECODE_ERRORS:
+            return torch.empty(0), index, False
+        if self.in_chans == 1:
+            image = image.convert("L")
+        return self.transform(image), index, True
+
+
+def _collate(batch: list[tuple[torch.Tensor, int, bool]]) -> tuple[torch.Tensor, list[int], list[int]]:
+    """(the readable images stacked (B, C, H, W), their indices, the unreadable files' indices)."""
+    good = [(img, i) for img, i, ok in batch if ok]
+    images = torch.stack([img for img, _ in good]) if good else torch.empty(0)
+    return images, [i for _, i in good], [i for _, i, ok in batch if not ok]
+
+
+@dataclass
+class Predictions:
+    """Top-k per readable image (path, [(class index, name, probability), ...]), the skipped files, time."""
+
+    rows: list[tuple[str, list[tuple[int, str, float]]]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@torch.no_grad()
+def predict(loaded: LoadedModel, files: Sequence[Path], top_k: int = 5, batch_size: int = 32,
+            img_size: int | None = None, workers: int = 0, device: str = "cpu") -> Predictions:
+    """Top-``top_k`` softmax probabilities of ``loaded``'s classes for each of ``files``, in order."""
+    model = loaded.model.to(device).eval()
+    names = class_names(loaded)
+    transform = create_transform(**eval_transform_config(model, loaded.meta, img_size), is_training=False)
+    loader = DataLoader(ImageFiles(files, transform, loaded.meta["in_chans"]), batch_size=batch_size,
+                        num_workers=workers, collate_fn=_collate)
+    out = Predictions()
+    start = time.perf_counter()
+    k = min(top_k, len(names))
+    with tqdm(total=len(files), desc="predicting", unit="img", dynamic_ncols=True, file=sys.stderr) as bar:
+        for images, indices, unreadable in loader:
+            out.skipped.extend(str(files[i]) for i in unreadable)
+            if indices:
+                probs = model(images.to(device)).float().softmax(dim=-1)  # (B, classes)
+                top_p, top_i = probs.topk(k, dim=-1)
+                for i, p_row, c_row in zip(indices, top_p.tolist(), top_i.tolist()):
+                    out.rows.append((str(files[i]), [(c, names[c], p) for c, p in zip(c_row, p_row)]))
+            bar.update(len(indices) + len(unreadable))
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def write_predictions(result: Predictions, path: Path, overwrite: bool = False) -> None:
+    """``path`` as CSV (path, rank, class_index, label, probability) or JSON, by its suffix; atomically."""
+    if path.suffix.lower() == ".csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(["path", "rank", "class_index", "label", "probability"])
+        for file, top in result.rows:
+            writer.writerows([file, rank, c, name, f"{p:.6f}"] for rank, (c, name, p) in enumerate(top, 1))
+        text = buffer.getvalue()
+    else:
+        records = [{"path": file, "top": [{"class_index": c, "label": name, "probability": p} for c, name, p in top]}
+                   for file, top in result.rows]
+        text = json.dumps({"predictions": records, "skipped": result.skipped}, indent=2) + "\n"
+    with output_file(path, overwrite) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="weightformer predict",
+        description="Top-k classes of images (files, or folders searched recursively), with class names. "
+                    f"Exit code 0: all files read; {EXIT_SKIPPED}: some were unreadable (listed, left out); "
+                    "2: a usage error.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
+    p.add_argument("--checkpoint", help="a last.pt/best.pt from train (it names its model and classes), or any "
+                                        "weights file with --model")
+    p.add_argument("--model", help="timm model name: with --pretrained, or for a checkpoint that does not name one")
+    p.add_argument("--pretrained", action="store_true", help="use timm's pretrained weights of --model")
+    p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=[],
+                   help="keyword arguments for timm.create_model")
+    p.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
+    p.add_argument("--top-k", type=int, default=5, help="classes shown per image (default: 5)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default: 32)")
+    p.add_argument("--img-size", type=int, help="resolution (default: the checkpoint's, else the model's)")
+    p.add_argument("--workers", type=int, default=0, help="image-decoding processes (default: 0, this one)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--out", help="also write the predictions to this .csv or .json file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    return p
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    for flag, value, least in (("--top-k", args.top_k, 1), ("--batch-size", args.batch_size, 1),
+                               ("--workers", args.workers, 0), ("--img-size", args.img_size or 1, 1)):
+        if value < least:
+            raise ConfigError(f"{flag} must be at least {least}, got {value}")
+    if args.checkpoint and args.pretrained:
+        raise ConfigError("--checkpoint and --pretrained both give weights; pass one of them")
+    if args.checkpoint is None and not (args.model and args.pretrained):
+        raise ConfigError("no model given; pass --checkpoint PATH, or --model NAME --pretrained")
+    if args.out and Path(args.out).suffix.lower() not in (".csv", ".json"):
+        raise ConfigError(f"--out {args.out} must end in .csv or .json")
+
+
+def _run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
+    if args.out:
+        from ..export.files import check_output
+
+        check_output(Path(args.out), args.overwrite, folder=False)  # before the work
+    files = image_paths(args.paths)
+    loaded = load_classifier(args.checkpoint, args.model, args.pretrained,
+                             parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"), args.ema)
+    result = predict(loaded, files, args.top_k, args.batch_size, args.img_size, args.workers, args.device)
+    for file, top in result.rows:
+        print(f"{file}: " + ", ".join(f"{name} {100 * p:.1f}%" for _, name, p in top))
+    if not result.rows:
+        raise DataError(f"none of the {len(files)} file(s) could be read as an image; pass image files")
+    print(f"{len(result.rows)} image(s) in {result.seconds:.2f} s ({len(result.rows) / max(result.seconds, 1e-9):.1f} "
+          f"img/s), model {loaded.meta['model']} from {loaded.source}", file=sys.stderr)
+    if args.out:
+        write_predictions(result, Path(args.out), overwrite=args.overwrite)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if result.skipped:
+        print(f"skipped {len(result.skipped)} unreadable file(s):", file=sys.stderr)
+        for path in result.skipped:
+            print(f"  {path}", file=sys.stderr)
+        return EXIT_SKIPPED
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_reporting_errors(lambda: _run(args))

@@ -1,0 +1,121 @@
+"""The Hugging Face Hub layout of timm: ``config.json`` (architecture, num_classes, model_args,
+pretrained_cfg with the preprocessing), ``model.safetensors`` and a model card, ``README.md``.
+
+timm writes the first two (:func:`timm.models.save_for_hf`); a folder made here loads with
+``timm.create_model("local-dir:FOLDER", pretrained=True)``, and once uploaded with
+``timm.create_model("hf-hub:ORG/NAME", pretrained=True)`` (after ``import weightformer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from timm.models import save_for_hf
+from timm.models._hub import (
+    generate_readme,  # timm's model-card writer (not re-exported by timm.models)
+)
+from torch import nn
+
+from ..engine.errors import ConfigError
+from .files import output_folder
+
+__all__ = ["model_card", "push_to_hub", "to_hf"]
+
+# The settings of a run that the card lists (the rest are in the checkpoint's config).
+CARD_SETTINGS = ("data", "model", "model_kwargs", "img_size", "epochs", "batch_size", "lr", "weight_decay",
+                 "mixup", "cutmix", "smoothing", "ema", "seed")
+
+
+def _data_config(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The preprocessing a checkpoint was trained with, in timm's data-config keys (None: the model's own)."""
+    if "img_size" not in meta:
+        return None
+    size = meta["img_size"]
+    return {"input_size": (meta["in_chans"], size, size), "mean": tuple(meta["mean"]), "std": tuple(meta["std"]),
+            "interpolation": meta["interpolation"], "crop_pct": meta["crop_pct"], "crop_mode": meta["crop_mode"]}
+
+
+def model_card(name: str, model: nn.Module, meta: Mapping[str, Any], run: Mapping[str, Any] | None = None,
+               command: str | None = None, repo_id: str | None = None) -> str:
+    """README.md text: what the model is, its validation metrics, how it was trained and exported, how to load it."""
+    run = run or {}
+    cfg = model.pretrained_cfg
+    details: dict[str, Any] = {
+        "Model type": "Image classification / feature backbone",
+        "Architecture": f"{meta['model']} ({cfg.get('paper_name', 'timm model')})",
+        "Classes": model.num_classes,
+        "Input": f"{meta['in_chans']} × {meta.get('img_size', cfg.get('input_size', ('', 224))[-1])} px",
+        "Parameters (M)": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
+    }
+    if run.get("data"):
+        details["Training data"] = run["data"]  # not "Dataset", which timm's card lists as a Hub data set id
+    if cfg.get("paper_ids"):
+        details["Papers"] = f"{cfg.get('paper_name', '')} ({cfg['paper_ids']})"
+    metrics = run.get("metrics") or {}
+    if metrics:
+        epoch = f" (epoch {run['epoch']})" if run.get("epoch") is not None else ""
+        details[f"Validation metrics{epoch}"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}
+    settings = {k: run["config"][k] for k in CARD_SETTINGS if k in (run.get("config") or {})}
+    if settings:
+        details["Trained with `weightformer train`"] = settings
+    if command:
+        details["Exported with"] = f"`{command}`"
+    usage = ("```python\nimport timm\nimport weightformer  # registers the WeightFormer architectures with timm\n\n"
+             f"model = timm.create_model(\"{'hf-hub:' + repo_id if repo_id else 'local-dir:' + name}\", "
+             "pretrained=True).eval()\n"
+             "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n```\n")
+    card = {"details": details, "usage": usage, "license": cfg.get("license", "mit"),
+            "tags": ["image-classification", "timm", "weightformer"],
+            "description": f"A `{meta['model']}` classifier exported by weightformer in timm's Hub layout."}
+    return generate_readme(card, name)
+
+
+def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | None = None,
+          run: Mapping[str, Any] | None = None, command: str | None = None, repo_id: str | None = None,
+          overwrite: bool = False) -> Path:
+    """Write ``model`` in timm's Hub layout into ``directory`` (config.json, model.safetensors, README.md).
+
+    ``meta``: what rebuilds it (a checkpoint's ``meta``; default: the model's timm name and class count);
+    its preprocessing and class names go into the config. ``run``: the metrics and settings for the
+    card (:func:`weightformer.export.source.run_summary`); ``command``: the command that made it.
+    Written into a temporary folder that takes ``directory``'s place when complete; an existing
+    non-empty ``directory`` is replaced only with ``overwrite``.
+    """
+    directory = Path(directory)
+    meta = dict(meta or {"model": model.pretrained_cfg["architecture"], "in_chans": getattr(model, "in_chans", 3)})
+    model_config: dict[str, Any] = {}
+    if meta.get("classes"):
+        model_config["label_names"] = list(meta["classes"])
+    if meta.get("data"):
+        model_config["pretrained_cfg"] = {"tag": str(meta["data"]).replace("/", "_")}
+    with output_folder(directory, overwrite) as tmp:
+        save_for_hf(model, str(tmp), model_config=model_config, safe_serialization=True, data_config=_data_config(meta))
+        name = repo_id.split("/")[-1] if repo_id else directory.name
+        (tmp / "README.md").write_text(model_card(name, model, meta, run, command, repo_id), encoding="utf-8")
+    return directory
+
+
+def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, token: str | None = None,
+                commit_message: str = "Add model (weightformer export)") -> str:
+    """Upload a folder written by :func:`to_hf` to the Hub repository ``repo_id`` (created if needed);
+    returns the commit URL. A refused login or repository name is a :class:`ConfigError`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        HFValidationError,
+        LocalTokenNotFoundError,
+    )
+
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ConfigError(f"--push-to-hub takes ORG/NAME, got {repo_id!r}; e.g. --push-to-hub my-org/weightformer-t-mnist")
+    api = HfApi(token=token, library_name="weightformer")
+    try:
+        repo = api.create_repo(repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=str(directory), commit_message=commit_message)
+    except (HfHubHTTPError, HFValidationError, LocalTokenNotFoundError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot upload to the Hub repository {repo_id} ({detail}); log in with `hf auth login` "
+                          f"or set HF_TOKEN, and check the repository name") from exc
+    return str(getattr(commit, "commit_url", commit))

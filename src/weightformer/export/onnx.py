@@ -1,0 +1,100 @@
+"""ONNX export with a dynamic batch, height and width, checked in onnxruntime at more than one size.
+
+The dynamo exporter (``torch.onnx.export(dynamo=True)``) traces the model with ``torch.export``;
+WeightFormer's dynamic layers switch to their size-following traced forms while it does (see
+:mod:`weightformer.layers.dynamic_dwconv`), so one file serves every batch and image size.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .files import output_file
+
+__all__ = ["DYNAMIC_AXES", "check_onnx", "to_onnx"]
+
+INPUT_NAME, OUTPUT_NAME = "images", "logits"
+DYNAMIC_AXES = {0: "batch", 2: "height", 3: "width"}
+
+
+def _example(in_chans: int, size: Sequence[int], batch: int = 2) -> torch.Tensor:
+    # Batch 2, not 1: tracers specialise sizes 0 and 1, which would fix the batch.
+    return torch.randn(batch, in_chans, *size, generator=torch.Generator().manual_seed(0))
+
+
+def check_sizes(size: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(batch, height, width) the export is checked at: the example's, then two other batch sizes at
+    the shapes that 320×256 and 208×272 (an odd 13×17 token grid) are of 224×224."""
+    h, w = size
+    return [(2, h, w), (1, h * 10 // 7, w * 8 // 7), (3, h * 13 // 14, w * 17 // 14)]
+
+
+def to_onnx(
+    model: nn.Module,
+    path: str | Path,
+    in_chans: int = 3,
+    img_size: int | Sequence[int] = 224,
+    opset: int | None = None,
+    overwrite: bool = False,
+    check: bool = True,
+    check_at: Iterable[Sequence[int]] | None = None,
+    atol: float = 1e-4,
+) -> dict[str, float]:
+    """Export ``model`` (eval mode) to ``path`` with dynamic batch, height and width axes.
+
+    The input is named ``images`` (B, in_chans, H, W) and the output ``logits``. The example traced
+    is 2 × ``img_size``; with ``check``, onnxruntime then runs the file at that size and at the
+    (batch, height, width) of ``check_at`` (default :func:`check_sizes`), and the export fails unless
+    every output is within ``atol`` of PyTorch's. Returns the largest difference at each size.
+    The file is written atomically and never over an existing one unless ``overwrite``.
+    """
+    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    model = model.eval()
+    example = _example(in_chans, size)
+    with output_file(Path(path), overwrite) as tmp:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
+            torch.onnx.export(
+                model, (example,), str(tmp), dynamo=True, external_data=False, opset_version=opset,
+                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                dynamic_shapes={"x": DYNAMIC_AXES} if _forward_arg(model) == "x" else (DYNAMIC_AXES,),
+                verbose=False,
+            )
+        diffs = check_onnx(tmp, model, in_chans, check_at or check_sizes(size), atol) if check else {}
+    return diffs
+
+
+def _forward_arg(model: nn.Module) -> str:
+    import inspect
+
+    return next(iter(inspect.signature(model.forward).parameters))
+
+
+def check_onnx(path: str | Path, model: nn.Module, in_chans: int, sizes: Iterable[Sequence[int]],
+               atol: float = 1e-4) -> dict[str, float]:
+    """Run the ONNX file in onnxruntime (CPU) at each (batch, height, width) and compare with ``model``.
+
+    Returns ``{"BxHxW": max |difference|}``; raises ``RuntimeError`` when one exceeds ``atol`` (an
+    export that computes something else is a bug, not a user's mistake).
+    """
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    diffs = {}
+    for batch, h, w in sizes:
+        x = _example(in_chans, (h, w), batch)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        got = session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
+        diff = float(np.abs(got - expected).max()) if got.shape == expected.shape else float("inf")
+        diffs[f"{batch}x{h}x{w}"] = diff
+        if not diff <= atol:
+            raise RuntimeError(f"the ONNX export differs from PyTorch at {batch}x{in_chans}x{h}x{w} "
+                               f"(max |difference| {diff:.3g} > {atol:g}, output {got.shape} vs {expected.shape})")
+    return diffs

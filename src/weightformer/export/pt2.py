@@ -1,0 +1,51 @@
+"""``torch.export`` with a dynamic batch, height and width: an ExportedProgram file (``.pt2``), or an
+AOTInductor package compiled from it. Both load in a fresh process without the model's code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from .files import output_file
+from .onnx import _example
+
+__all__ = ["export_program", "load_pt2", "to_pt2"]
+
+
+def export_program(model: nn.Module, in_chans: int = 3, img_size: int | Sequence[int] = 224) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` in eval mode, traced at 2 × ``img_size`` with batch, height and width
+    left symbolic (``Dim.AUTO``: the ranges the model's own checks allow, e.g. at least 2×2 tokens)."""
+    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    with torch.no_grad():
+        return torch.export.export(model.eval(), (_example(in_chans, size),),
+                                   dynamic_shapes=({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},))
+
+
+def to_pt2(model: nn.Module, path: str | Path, in_chans: int = 3, img_size: int | Sequence[int] = 224,
+           aoti: bool = False, overwrite: bool = False) -> Path:
+    """Write ``model`` as a ``.pt2`` ExportedProgram (``torch.export.load(path).module()`` runs it), or,
+    with ``aoti``, as an AOTInductor package of compiled code (``torch._inductor.aoti_load_package``).
+    Written atomically, never over an existing file unless ``overwrite``."""
+    program = export_program(model, in_chans, img_size)
+    path = Path(path)
+    with output_file(path, overwrite) as tmp:
+        if aoti:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+        else:
+            torch.export.save(program, tmp)
+    return path
+
+
+def load_pt2(path: str | Path) -> nn.Module:
+    """A callable module from a file written by :func:`to_pt2` (either kind)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        compiled = any(name.endswith(".so") or "/aotinductor/" in name for name in archive.namelist())
+    if compiled:
+        return torch._inductor.aoti_load_package(str(path))
+    return torch.export.load(str(path)).module()
