@@ -271,7 +271,7 @@ def resolve_config(
                 values[key] = value
     if data_defaults and any("model" in layer and layer["model"] != data_defaults["model"] for layer in layers):
         # A different architecture: the small-image kwargs were chosen for WeightFormer, drop them.
-        model_kwargs = {k: v for k, v in model_kwargs.items() if k not in data_defaults["model_kwargs"]}
+        model_kwargs = {k: v for k, v in model_kwargs.items() if k not in data_defaults.get("model_kwargs", {})}
         for layer in layers:
             model_kwargs.update(layer.get("model_kwargs", {}))
     values["model_kwargs"] = model_kwargs

@@ -547,7 +547,7 @@ def finish(task: Task, training: Training, state: RunState, output: Path, stoppe
     """The run's result, and (on the main process) where everything is and what to run next."""
     last_path, best_path = output / "last.pt", output / "best.pt"
     best = state.best_score
-    eval_command = f"{task.command} eval --checkpoint {best_path if best is not None else last_path}"
+    eval_command = task.next_command(best_path if best is not None else last_path)
     if main:
         if stopped_by is not None:
             print(f"stopped by {stopped_by} at epoch {state.epoch + 1}, step {state.step_in_epoch} (global step "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
@@ -91,6 +92,10 @@ class Task(ABC):
     @abstractmethod
     def summary(self, metrics: dict[str, Any]) -> str:
         """One line of the main metrics, as printed after each epoch."""
+
+    def next_command(self, checkpoint: Path) -> str:
+        """The command a finished run suggests, for its best (else last) checkpoint."""
+        return f"{self.command} eval --checkpoint {checkpoint}"
 
     def format_score(self, value: float) -> str:
         """The best metric's value as the run's last lines print it."""

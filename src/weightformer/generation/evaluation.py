@@ -1,0 +1,147 @@
+"""Scores of generated images against a reference set.
+
+With the standard Inception weights on disk (torch-fidelity's ``pt_inception-2015-12-05`` file), FID,
+Inception Score, precision and recall come from torch-fidelity. They cannot be downloaded here, so
+offline the scores are those of a *judge*: a small CNN classifier trained on the same data (cached
+under ``~/.cache/weightformer/judges``). It gives the class-conditional accuracy of the samples (does
+a sample of class k look like a k?) and a Fréchet distance between its penultimate features of the
+samples and of the reference images. That distance is not comparable to published FID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from scipy import linalg
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+__all__ = ["INCEPTION_FILE", "Judge", "frechet_distance", "inception_metrics", "judge_metrics", "train_judge"]
+
+INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # what torch-fidelity downloads
+JUDGE_EPOCHS, JUDGE_BATCH, JUDGE_LR = 3, 128, 2e-3
+
+
+class Judge(nn.Module):
+    """A small CNN classifier of uint8 images; ``features`` is its 128-d penultimate layer."""
+
+    def __init__(self, channels: int, num_classes: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.head = nn.Linear(128, num_classes)
+
+    def features(self, images: Tensor) -> Tensor:  # uint8 (B, H, W, C) -> (B, 128)
+        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1
+        return self.body(x)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.features(images))
+
+
+def _judge_path(images: np.ndarray, labels: np.ndarray) -> Path:
+    digest = hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "weightformer" / "judges"
+    return cache / f"judge_{digest}_e{JUDGE_EPOCHS}.safetensors"
+
+
+def train_judge(images: np.ndarray, labels: np.ndarray, num_classes: int, seed: int = 0,
+                progress: bool = True) -> Judge:
+    """The judge trained on uint8 ``images`` (N, H, W, C) and ``labels``; cached by the data's hash."""
+    judge = Judge(images.shape[-1], num_classes)
+    path = _judge_path(images, labels)
+    if path.is_file():
+        judge.load_state_dict(load_file(path))
+        return judge.eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        judge = Judge(images.shape[-1], num_classes)
+    optimizer = torch.optim.AdamW(judge.parameters(), lr=JUDGE_LR)
+    x, y = torch.from_numpy(images), torch.from_numpy(labels).long()
+    for _ in tqdm(range(JUDGE_EPOCHS), desc="training the judge", disable=not progress, leave=False):
+        for batch in torch.randperm(len(x), generator=generator).split(JUDGE_BATCH):
+            loss = F.cross_entropy(judge(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(judge.state_dict(), str(tmp))
+    tmp.replace(path)
+    return judge.eval()
+
+
+@torch.no_grad()
+def _judge_outputs(judge: Judge, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    feats, preds = [], []
+    for batch in torch.from_numpy(images).split(256):
+        f = judge.features(batch)
+        feats.append(f.double().numpy())
+        preds.append(judge.head(f).argmax(1).numpy())
+    return np.concatenate(feats), np.concatenate(preds)
+
+
+def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """‖μ_a − μ_b‖² + Tr(Σ_a + Σ_b − 2(Σ_aΣ_b)^½) of two feature sets (N, D), as FID computes it."""
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    covmean, _ = linalg.sqrtm(cov_a @ cov_b, disp=False)
+    if not np.isfinite(covmean).all():  # singular product: regularise as pytorch-fid does
+        offset = np.eye(len(cov_a)) * 1e-6
+        covmean = linalg.sqrtm((cov_a + offset) @ (cov_b + offset))
+    covmean = covmean.real
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a) + np.trace(cov_b) - 2 * np.trace(covmean))
+
+
+def judge_metrics(judge: Judge, samples: np.ndarray, sample_labels: np.ndarray, reference: np.ndarray,
+                  reference_labels: np.ndarray) -> dict[str, Any]:
+    """Class-conditional accuracy of the samples, the judge's accuracy on the reference, and the
+    Fréchet distance of their features (``judge_fd``, not comparable to published FID)."""
+    sample_feats, sample_preds = _judge_outputs(judge, samples)
+    ref_feats, ref_preds = _judge_outputs(judge, reference)
+    return {
+        "class_accuracy": float((sample_preds == sample_labels).mean()),
+        "judge_reference_accuracy": float((ref_preds == reference_labels).mean()),
+        "judge_fd": frechet_distance(sample_feats, ref_feats),
+    }
+
+
+def find_inception(explicit: str | None) -> Path | None:
+    """The Inception weights file: ``explicit``, or torch-fidelity's download in the torch hub cache."""
+    candidates = [Path(explicit)] if explicit else []
+    candidates.append(Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def inception_metrics(samples: np.ndarray, reference: np.ndarray, weights: Path) -> dict[str, float]:
+    """FID, Inception Score and precision/recall by torch-fidelity from local Inception weights."""
+    import torch_fidelity
+
+    class _Images(torch.utils.data.Dataset):
+        def __init__(self, images: np.ndarray):
+            self.images = images
+
+        def __len__(self) -> int:
+            return len(self.images)
+
+        def __getitem__(self, i: int) -> Tensor:  # uint8 (3, H, W), grey repeated to RGB
+            x = torch.from_numpy(self.images[i]).permute(2, 0, 1)
+            return x.expand(3, -1, -1).contiguous() if x.shape[0] == 1 else x
+
+    result = torch_fidelity.calculate_metrics(
+        input1=_Images(samples), input2=_Images(reference), fid=True, isc=True, prc=True, verbose=False,
+        feature_extractor="inception-v3-compat", feature_extractor_weights_path=str(weights), cuda=torch.cuda.is_available(),
+    )
+    return {"fid": result["frechet_inception_distance"], "inception_score": result["inception_score_mean"],
+            "precision": result["precision"], "recall": result["recall"]}

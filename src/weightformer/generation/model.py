@@ -1,0 +1,298 @@
+"""WeightFormer-DiT: DiT (Peebles and Xie, 2023) with WeightFormer blocks in place of attention, and the
+attention DiT baseline in the same code.
+
+The block is the authors' release (``model/wfm_dit.py`` in LeapLabTHU/WeightFormer), which differs
+from the classification block of :mod:`weightformer.models.weightformer`:
+
+- every block, static or dynamic, first replaces the residual stream by an affine-free LayerNorm of
+  it, ``x = LN(x)`` (the classifier does that in dynamic blocks only, with an affine LayerNorm);
+- adaLN-Zero: ``c = t_emb + y_emb`` gives six vectors per block, the shift, scale and gate of each branch;
+- the token mixer is a 3×3 depthwise conv applied to the modulated stream and gated,
+  ``x = x + g₁ ⊙ DWC(LN(x)·(1 + s₁) + b₁)`` (DiT's ``x + g₁ ⊙ Attn(modulate(LN(x)))``);
+- the MLP (tanh-GELU) reads ``modulate(LN(x))`` and is gated, as in DiT;
+- blocks 1, 4, 7, ... use :class:`~weightformer.layers.DynamicDWConv` and a
+  :class:`~weightformer.layers.DynamicLinear` first MLP layer, whose formulas are exactly the
+  release's ``DynCnn`` and ``DynLinear`` (2×2-pooled bilateral predictor with C^-½/N scale and
+  column normalisation; 3×3-pooled kernel predictor with per-channel normalisation);
+- fixed 2-D sin-cos position embeddings, the timestep's sinusoidal embedding (cos first) and a label
+  table with one extra row for the dropped (unconditional) label.
+
+The release's state dicts load through :func:`checkpoint_filter_fn` (it renames the dynamic layers'
+parameters and transposes ``DynLinear.w``); every other key is the release's own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from diffusers.models.embeddings import get_2d_sincos_pos_embed, get_timestep_embedding
+from timm.layers import Attention, Mlp, PatchEmbed
+from torch import Tensor, nn
+
+from ..layers import DynamicDWConv, DynamicLinear
+from ..models.weightformer import is_dynamic_block
+
+__all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
+
+FREQUENCY_EMBEDDING_SIZE = 256  # DiT's timestep frequency embedding width
+RELEASE_GUIDED_CHANNELS = 3  # the release (and DiT) guide output channels [0, 3) "for exact reproducibility"
+GUIDANCE_MODES = ("release", "standard")
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """adaLN: x·(1 + scale) + shift, with (B, C) conditioning broadcast over the tokens of x (B, N, C)."""
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+def _tanh_gelu() -> nn.Module:
+    return nn.GELU(approximate="tanh")
+
+
+class TimestepEmbedder(nn.Module):
+    """t (B,) -> (B, D): DiT's sinusoidal frequencies (cos half first, max period 10000), then a SiLU MLP."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(FREQUENCY_EMBEDDING_SIZE, hidden_size), nn.SiLU(),
+                                 nn.Linear(hidden_size, hidden_size))
+
+    def forward(self, t: Tensor) -> Tensor:
+        # diffusers' embedding with flip_sin_to_cos and no frequency shift is DiT's exactly
+        freq = get_timestep_embedding(t, FREQUENCY_EMBEDDING_SIZE, flip_sin_to_cos=True, downscale_freq_shift=0)
+        return self.mlp(freq.to(self.mlp[0].weight.dtype))
+
+
+class LabelEmbedder(nn.Module):
+    """Class labels -> (B, D), with label dropout for classifier-free guidance: row ``num_classes`` is
+    the null label, used for a training label with probability ``dropout_prob`` or where ``force_drop``."""
+
+    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float):
+        super().__init__()
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+
+    def forward(self, labels: Tensor, train: bool, force_drop: Tensor | None = None) -> Tensor:
+        if force_drop is not None:
+            labels = torch.where(force_drop.bool(), self.num_classes, labels)
+        elif train and self.dropout_prob > 0:
+            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+            labels = torch.where(drop, self.num_classes, labels)
+        return self.embedding_table(labels)
+
+
+class WeightFormerDiTBlock(nn.Module):
+    """The release's block: x = LN(x); x += g₁·DWC(mod(x)); x += g₂·MLP(mod(LN(x))); see the module docstring."""
+
+    def __init__(self, hidden_size: int, mlp_ratio: float, grid: tuple[int, int], dynamic: bool):
+        super().__init__()
+        hidden = int(hidden_size * mlp_ratio)
+        self.grid = grid
+        self.dynamic = dynamic
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+        if dynamic:
+            self.dwc = DynamicDWConv(hidden_size, 3)
+            self.linear1 = DynamicLinear(hidden_size, hidden)
+        else:
+            self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
+            self.linear1 = nn.Linear(hidden_size, hidden)
+        self.act = _tanh_gelu()
+        self.linear2 = nn.Linear(hidden, hidden_size)
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:  # x (B, N, C), c (B, C)
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=1)
+        B, N, C = x.shape
+        H, W = self.grid
+        x = self.norm1(x)
+        mixed = modulate(x, shift1, scale1).reshape(B, H, W, C).permute(0, 3, 1, 2)  # (B, C, H, W), channels-last
+        x = x + gate1.unsqueeze(1) * self.dwc(mixed).flatten(2).transpose(1, 2)  # (B, N, C)
+        h = modulate(self.norm2(x), shift2, scale2)
+        h = self.linear1(h.reshape(B, H, W, C)).reshape(B, N, -1) if self.dynamic else self.linear1(h)
+        return x + gate2.unsqueeze(1) * self.linear2(self.act(h))
+
+
+class DiTBlock(nn.Module):
+    """DiT's block: x += g₁·Attn(mod(LN(x))); x += g₂·MLP(mod(LN(x))), attention through
+    F.scaled_dot_product_attention (timm's ``Attention``), DiT's key names."""
+
+    def __init__(self, hidden_size: int, mlp_ratio: float, num_heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio), act_layer=_tanh_gelu)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:  # x (B, N, C), c (B, C)
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=1)
+        x = x + gate1.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift1, scale1))
+        return x + gate2.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift2, scale2))
+
+
+class FinalLayer(nn.Module):
+    """adaLN (shift, scale) over an affine-free LayerNorm, then a linear map to p·p·out_channels per token."""
+
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class WeightFormerDiT(nn.Module):
+    """Class-conditional diffusion transformer with DiT's constructor and interface.
+
+    ``mixer="weightformer"`` builds the release's WeightFormer-DiT (blocks 1, 4, 7, ... dynamic),
+    ``mixer="attention"`` DiT itself (``num_heads`` heads). ``forward(x, t, y)`` returns
+    (B, out_channels, H, W): the noise prediction, then (``learn_sigma``) the variance interpolation
+    values. ``guidance`` picks what :meth:`forward_with_cfg` guides by default: ``"release"`` the first
+    three output channels as the release and DiT do, ``"standard"`` all ``in_channels`` noise channels.
+    """
+
+    def __init__(
+        self,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        mixer: str = "weightformer",
+        num_heads: int = 16,
+        guidance: str = "release",
+    ):
+        super().__init__()
+        if mixer not in ("weightformer", "attention"):
+            raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
+        if guidance not in GUIDANCE_MODES:
+            raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {guidance!r}")
+        if input_size % patch_size:
+            raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
+        self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
+        self.learn_sigma = learn_sigma
+        self.out_channels = in_channels * 2 if learn_sigma else in_channels
+        self.num_classes, self.mixer, self.guidance = num_classes, mixer, guidance
+        side = input_size // patch_size
+        self.grid = (side, side)
+        self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True)
+        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        pos = get_2d_sincos_pos_embed(hidden_size, side, base_size=side, output_type="pt")  # (N, D), DiT's layout
+        self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
+        if mixer == "weightformer":
+            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, is_dynamic_block(i, 3)) for i in range(depth)]
+        else:
+            blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
+        self.blocks = nn.ModuleList(blocks)
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """DiT's initialisation: Xavier-uniform linear layers (the patch embedding too), N(0, 0.02) label
+        table and timestep MLP, zeroed adaLN and output layers (adaLN-Zero). The dynamic layers' static
+        weights keep the release's truncated normal (they are not ``nn.Linear``)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        w = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        for layer in [*(b.adaLN_modulation[-1] for b in self.blocks), self.final_layer.adaLN_modulation[-1],
+                      self.final_layer.linear]:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def unpatchify(self, x: Tensor) -> Tensor:  # (B, N, p·p·C) -> (B, C, H, W)
+        p, c = self.patch_size, self.out_channels
+        h, w = self.grid
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
+
+    def forward(self, x: Tensor, t: Tensor, y: Tensor, force_drop: Tensor | None = None) -> Tensor:
+        """x (B, in_channels, H, W), t (B,) timesteps, y (B,) labels (``num_classes`` is the null label)
+        -> (B, out_channels, H, W). ``force_drop`` (B,) replaces the marked labels by the null label."""
+        tokens = self.x_embedder(x) + self.pos_embed  # (B, N, D)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop)  # (B, D)
+        for block in self.blocks:
+            tokens = block(tokens, c)
+        return self.unpatchify(self.final_layer(tokens, c))
+
+    def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
+                         guidance: str | None = None) -> Tensor:
+        """DiT's batched classifier-free guidance: the batch is [conditional half; unconditional half]
+        (y's second half the null label); the first half of x is used for both halves, and the output
+        is ε_u + s·(ε_c − ε_u) for both. ``guidance`` (default: the model's) ``"release"`` guides the
+        first three output channels, as DiT and the release do (for 4-channel latents: three of the
+        four noise channels; for 1-channel images: the noise and the variance channel), ``"standard"``
+        the ``in_channels`` noise channels, the usual definition."""
+        mode = guidance or self.guidance
+        if mode not in GUIDANCE_MODES:
+            raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {mode!r}")
+        half = x[: len(x) // 2]
+        out = self.forward(torch.cat([half, half]), t, y)
+        guided = RELEASE_GUIDED_CHANNELS if mode == "release" else self.in_channels
+        eps, rest = out[:, :guided], out[:, guided:]
+        cond, uncond = eps.split(len(eps) // 2)
+        half_eps = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([torch.cat([half_eps, half_eps]), rest], dim=1)
+
+
+# The release's names of the dynamic layers' parameters -> ours (the static DynLinear weight is (C, O) there).
+_RELEASE_RENAMES = (
+    (r"(blocks\.\d+\.linear1)\.w$", r"\1.weight"),
+    (r"(blocks\.\d+\.linear1)\.b$", r"\1.bias"),
+    (r"(blocks\.\d+\.linear1)\.wfm\.", r"\1.predictor.proj."),
+    (r"(blocks\.\d+\.linear1)\.w1$", r"\1.predictor.in_basis"),
+    (r"(blocks\.\d+\.linear1)\.w2$", r"\1.predictor.out_basis"),
+    (r"(blocks\.\d+\.dwc)\.w$", r"\1.weight"),
+    (r"(blocks\.\d+\.dwc)\.b$", r"\1.bias"),
+    (r"(blocks\.\d+\.dwc)\.wfm\.0\.", r"\1.predictor.fc1."),
+    (r"(blocks\.\d+\.dwc)\.wfm\.2\.", r"\1.predictor.fc2."),
+)
+
+
+def checkpoint_filter_fn(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict of the release's ``model/wfm_dit.py`` (or one of ours) as :class:`WeightFormerDiT` keys.
+
+    DiT's training checkpoints hold ``{"model", "ema", "opt", "args"}``; pass the ``"ema"`` entry (as
+    DiT's sample.py does) or ``"model"``. Keys already in our layout pass through unchanged.
+    """
+    out: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        key = key.removeprefix("module.")
+        for pattern, repl in _RELEASE_RENAMES:
+            new = re.sub(pattern, repl, key)
+            if new != key:
+                if repl.endswith(".weight") and "linear1" in key and value.dim() == 2:
+                    value = value.t()  # DynLinear.w is (in, out); DynamicLinear.weight is (out, in)
+                key = new
+                break
+        out[key] = value
+    return out
+
+
+def load_release_state_dict(model: WeightFormerDiT, state_dict: Mapping[str, Any]) -> None:
+    """Load a release (or DiT training) checkpoint's weights into ``model``: the ``ema`` entry of a
+    training checkpoint if present, else ``model``, else the mapping itself. Strict: every key must match."""
+    for entry in ("ema", "model"):
+        if isinstance(state_dict.get(entry), Mapping):
+            state_dict = state_dict[entry]
+            break
+    model.load_state_dict(checkpoint_filter_fn(state_dict), strict=True)

@@ -1,0 +1,141 @@
+"""Sampling and evaluation as functions: load a generation checkpoint, draw class-conditional images
+to ``samples.npz`` and ``grid.png``, and score a ``samples.npz`` against the data's held-out images."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..checkpoint import CheckpointError
+from ..engine.errors import ConfigError
+from ..engine.state import load_weights, read_checkpoint
+from .data import image_geometry, open_images, to_uint8
+from .diffusion import GaussianDiffusion
+from .evaluation import find_inception, inception_metrics, judge_metrics, train_judge
+from .latents import decode, load_vae
+from .model import WeightFormerDiT
+from .sampling import sample
+from .task import build_generator_model
+
+__all__ = ["evaluate_samples", "generate", "load_generator", "reference_images", "save_grid", "save_samples"]
+
+
+def load_generator(checkpoint: str, use_ema: bool = True,
+                   device: torch.device | None = None) -> tuple[WeightFormerDiT, dict[str, Any]]:
+    """The model of a ``weightformer gen train`` checkpoint (its EMA weights by default) on ``device``
+    (default: the CPU), and its meta."""
+    ckpt = read_checkpoint(checkpoint)
+    meta = ckpt.get("meta") or {}
+    if meta.get("task") != "generation":
+        raise CheckpointError(f"{checkpoint} is not a generation checkpoint (task {meta.get('task', 'classification')}); "
+                              "pass a last.pt or best.pt written by weightformer gen train")
+    model = build_generator_model(meta)
+    load_weights(model, ckpt, use_ema=use_ema and ckpt.get("ema") is not None, source=checkpoint)
+    return model.to(device or torch.device("cpu")).eval(), meta
+
+
+def _parse_classes(classes: Sequence[int] | None, meta: dict[str, Any]) -> list[int]:
+    num = meta["num_classes"]
+    chosen = list(range(num)) if not classes else list(classes)
+    bad = [c for c in chosen if not 0 <= c < num]
+    if bad:
+        raise ConfigError(f"class label(s) {bad} unknown: this model knows classes 0 to {num - 1}; pass --classes "
+                          f"in that range")
+    return chosen
+
+
+def generate(model: WeightFormerDiT, meta: dict[str, Any], num_per_class: int, classes: Sequence[int] | None = None,
+             steps: int = 250, sampler: str = "ddpm", cfg_scale: float = 1.5, guidance: str | None = None,
+             seed: int = 0, batch_size: int = 64, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``num_per_class`` samples of each class in ``classes`` (default: all), as uint8 (N, H, W, C)
+    images and int64 labels. The same ``seed`` gives the same images (on the same device and build)."""
+    if cfg_scale < 1:
+        raise ConfigError(f"--cfg-scale must be at least 1 (1: no guidance, 1.5 for FID, 4.0 for pictures), got {cfg_scale}")
+    if num_per_class < 1 or steps < 1 or steps > 1000:
+        raise ConfigError(f"--num-per-class must be at least 1 and --steps in [1, 1000], got {num_per_class} and {steps}")
+    labels = torch.tensor([c for c in _parse_classes(classes, meta) for _ in range(num_per_class)], dtype=torch.long)
+    device = next(model.parameters()).device
+    latent = meta.get("latent")
+    vae = load_vae(latent["vae"], device) if latent else None
+    diffusion = GaussianDiffusion(learn_sigma=model.learn_sigma)
+    generator = torch.Generator(device).manual_seed(seed)
+    images = []
+    for batch in labels.split(batch_size):
+        x = sample(model, diffusion, batch.to(device), steps, sampler, cfg_scale, guidance, clip=vae is None,
+                   generator=generator, progress=progress)
+        if vae is not None:
+            x = decode(vae, x, latent["scale_factor"])
+            x = x[:, :1] if meta["image_channels"] == 1 else x
+        images.append(to_uint8(x.float(), meta["pad"]))
+    return np.concatenate(images), labels.numpy().astype(np.int64)
+
+
+def save_grid(images: np.ndarray, labels: np.ndarray, path: Path, upscale: int = 2) -> None:
+    """One row per class, written atomically as PNG."""
+    classes = sorted(set(labels.tolist()))
+    per_row = max(int((labels == c).sum()) for c in classes)
+    H, W, C = images.shape[1:]
+    grid = np.full((len(classes) * (H + 2), per_row * (W + 2), C), 255, np.uint8)
+    for r, c in enumerate(classes):
+        for k, img in enumerate(images[labels == c]):
+            grid[r * (H + 2) + 1: r * (H + 2) + 1 + H, k * (W + 2) + 1: k * (W + 2) + 1 + W] = img
+    pil = Image.fromarray(grid[..., 0] if C == 1 else grid)
+    pil = pil.resize((pil.width * upscale, pil.height * upscale), Image.NEAREST)
+    tmp = path.with_name(path.name + ".tmp")
+    pil.save(tmp, format="PNG")
+    tmp.replace(path)
+
+
+def save_samples(images: np.ndarray, labels: np.ndarray, out: Path) -> None:
+    """``out/samples.npz`` (images, labels) and ``out/grid.png``, each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "samples.tmp.npz"
+    np.savez(tmp, images=images, labels=labels)
+    tmp.replace(out / "samples.npz")
+    save_grid(images, labels, out / "grid.png")
+
+
+def reference_images(data: str, image_size: int, pad: int, max_images: int | None = None,
+                     split: str = "val") -> tuple[np.ndarray, np.ndarray, int]:
+    """A split of ``data`` as the samples' uint8 (N, H, W, C) images and labels, and its class count."""
+    geometry = image_geometry(data, image_size)
+    if geometry.pad != pad:
+        raise ConfigError(f"{data} gives {geometry.pad} px padding at {image_size} px and the samples {pad}; "
+                          "evaluate against the data the model was trained on")
+    info, splits = open_images(data, geometry, 0.0, 0, warn=False)
+    dataset = splits[split]
+    count = len(dataset) if max_images is None else min(max_images, len(dataset))
+    xs, ys = zip(*(dataset[i] for i in range(count)))
+    return to_uint8(torch.stack(xs), pad), np.asarray(ys, dtype=np.int64), info.num_classes
+
+
+def evaluate_samples(samples: np.ndarray, labels: np.ndarray, data: str, image_size: int, pad: int,
+                     inception: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Scores of ``samples`` against the held-out split of ``data``: the judge's (always) and, with
+    local Inception weights, FID / IS / precision / recall. ``notes`` says what was not computed."""
+    reference, ref_labels, num_classes = reference_images(data, image_size, pad)
+    if samples.shape[1:] != reference.shape[1:]:
+        raise ConfigError(f"the samples are {samples.shape[1:]} and the {data} images {reference.shape[1:]}; "
+                          "evaluate samples against the data their model was trained on")
+    if labels.max() >= num_classes:
+        raise ConfigError(f"sample labels go up to {labels.max()} and {data} has {num_classes} classes")
+    train_x, train_y, _ = reference_images(data, image_size, pad, split="train")
+    judge = train_judge(train_x, train_y, num_classes, progress=progress)
+    result: dict[str, Any] = {"samples": len(samples), "reference_images": len(reference),
+                              **judge_metrics(judge, samples, labels, reference, ref_labels)}
+    weights = find_inception(inception)
+    notes = [("judge_fd is the Frechet distance of a small classifier's features trained on this data: "
+              "NOT comparable to published FID"), "sFID is not computed (torch-fidelity has no spatial features)"]
+    if weights is None:
+        notes.insert(0, "the standard Inception weights are not on this machine (torch-fidelity's "
+                        "weights-inception-2015-12-05-6726825d.pth; pass --inception PATH), so FID, IS, precision "
+                        "and recall were not computed")
+    else:
+        result.update(inception_metrics(samples, reference, weights))
+    result["notes"] = notes
+    return result

@@ -1,0 +1,106 @@
+"""DiT's diffusion: the schedule, the hybrid loss and the reverse steps against direct statements of
+the formulas (float64), and the DDIM step against diffusers' DDIMScheduler where their chains coincide."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from diffusers import DDIMScheduler
+from torch.distributions import Normal, kl_divergence
+
+from weightformer.generation.diffusion import GaussianDiffusion, respaced_timesteps
+
+T = 1000
+
+
+def dit_space_timesteps(num_steps: int, count: int) -> list[int]:
+    """DiT's space_timesteps for one section: a float stride, each index rounded, ascending."""
+    stride = (num_steps - 1) / (count - 1) if count > 1 else 1
+    taken, current = [], 0.0
+    for _ in range(count):
+        taken.append(round(current))
+        current += stride
+    return taken
+
+
+def alphas_cumprod() -> np.ndarray:
+    return np.cumprod(1 - np.linspace(1e-4, 0.02, T, dtype=np.float64))
+
+
+def test_schedule_and_respacing_are_dits():
+    diffusion = GaussianDiffusion()
+    np.testing.assert_allclose(diffusion.table["alphas_cumprod"].numpy(), alphas_cumprod(), rtol=1e-15)
+    for count in (1, 10, 25, 50, 250, 1000):
+        assert respaced_timesteps(T, count) == sorted(dit_space_timesteps(T, count), reverse=True)
+
+
+def test_hybrid_loss_is_mse_plus_kl_to_the_posterior_in_bits():
+    diffusion = GaussianDiffusion()
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.rand(3, 1, 4, 4, generator=gen, dtype=torch.float64) * 2 - 1
+    noise = torch.randn(3, 1, 4, 4, generator=gen, dtype=torch.float64)
+    t = torch.tensor([0, 5, 700])
+    out = torch.randn(3, 2, 4, 4, generator=gen, dtype=torch.float64)
+    out[:, 1].clamp_(-1, 1)
+    losses = diffusion.training_losses(lambda xt, tt: out, x0, t, noise)
+    a = alphas_cumprod()
+    betas = 1 - a / np.append(1.0, a[:-1])
+    for i, step in enumerate(t.tolist()):
+        a_t, a_prev, beta = a[step], (a[step - 1] if step else 1.0), betas[step]
+        xt = np.sqrt(a_t) * x0[i] + np.sqrt(1 - a_t) * noise[i]
+        eps = out[i, :1]
+        np.testing.assert_allclose(losses["mse"][i].item(), ((noise[i] - eps) ** 2).mean().item(), rtol=1e-12)
+        x0_hat = (xt - np.sqrt(1 - a_t) * eps) / np.sqrt(a_t)
+        c0, ct = beta * np.sqrt(a_prev) / (1 - a_t), (1 - a_prev) * np.sqrt(1 - beta) / (1 - a_t)
+        mean = c0 * x0_hat + ct * xt
+        post_var = betas[1:] * (1 - a[:-1]) / (1 - a[1:])  # β̃ for t >= 1
+        log_post = np.log(post_var[max(step, 1) - 1])
+        frac = (out[i, 1:] + 1) / 2
+        log_var = frac * np.log(beta) + (1 - frac) * log_post
+        if step == 0:  # decoder NLL: the probability of x0's 1/255-wide bin (edges open) under N(mean, var)
+            continue
+        true_mean = c0 * x0[i] + ct * xt
+        kl = kl_divergence(Normal(true_mean, np.exp(0.5 * log_post)), Normal(mean, torch.exp(0.5 * log_var)))
+        np.testing.assert_allclose(losses["vb"][i].item(), kl.mean().item() / np.log(2), rtol=1e-9)
+    assert losses["vb"][0] > 0
+    torch.testing.assert_close(losses["loss"], losses["mse"] + losses["vb"])
+
+
+def test_ddpm_step_is_dits_respaced_p_sample():
+    """diffusers' DDPMScheduler as configured equals DiT's respaced p_sample (learned-range variance)."""
+    diffusion = GaussianDiffusion()
+    timesteps = respaced_timesteps(T, 10)
+    scheduler = diffusion.ddpm_scheduler(timesteps, clip=False)
+    a = alphas_cumprod()
+    gen = torch.Generator().manual_seed(2)
+    for i, t in enumerate(timesteps[:-1]):
+        prev = timesteps[i + 1]
+        x = torch.randn(2, 3, 4, 4, generator=gen, dtype=torch.float64)
+        out = torch.randn(2, 6, 4, 4, generator=gen, dtype=torch.float64)
+        out[:, 3:].clamp_(-1, 1)
+        ours = scheduler.step(out, t, x, generator=torch.Generator().manual_seed(i)).prev_sample
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        beta = 1 - a[t] / a[prev]  # the respaced β
+        post_var = beta * (1 - a[prev]) / (1 - a[t])
+        x0 = np.sqrt(1 / a[t]) * x - np.sqrt(1 / a[t] - 1) * out[:, :3]
+        mean = beta * np.sqrt(a[prev]) / (1 - a[t]) * x0 + (1 - a[prev]) * np.sqrt(1 - beta) / (1 - a[t]) * x
+        frac = (out[:, 3:] + 1) / 2
+        log_var = frac * np.log(beta) + (1 - frac) * np.log(post_var)
+        torch.testing.assert_close(ours, mean + torch.exp(0.5 * log_var) * noise, rtol=1e-10, atol=1e-10)
+
+
+def test_ddim_step_matches_diffusers_where_the_chains_coincide():
+    """With K dividing 1000 and steps 900, 800, ..., 0, diffusers' DDIM chain is DiT's DDIM on those steps."""
+    diffusion = GaussianDiffusion()
+    reference = DDIMScheduler(num_train_timesteps=T, beta_schedule="linear", beta_start=1e-4, beta_end=0.02,
+                              clip_sample=True, set_alpha_to_one=True, timestep_spacing="leading")
+    reference.set_timesteps(10)
+    reference.alphas_cumprod = torch.from_numpy(alphas_cumprod())
+    steps = reference.timesteps.tolist()
+    gen = torch.Generator().manual_seed(3)
+    for i, t in enumerate(steps):
+        x = torch.randn(2, 3, 4, 4, generator=gen, dtype=torch.float64)
+        eps = torch.randn(2, 3, 4, 4, generator=gen, dtype=torch.float64) * 3  # large: the x0 clip matters
+        expected = reference.step(eps, t, x, eta=0.0, use_clipped_model_output=True).prev_sample
+        ours = diffusion.ddim_step(eps, x, t, steps[i + 1] if i + 1 < len(steps) else -1, clip=True)
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
