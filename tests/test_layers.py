@@ -111,7 +111,7 @@ def test_dynamic_linear_fast_equals_reference(grid):
 
 
 @pytest.mark.parametrize("implementation", ["fast", "reference"])
-@pytest.mark.parametrize("predictor", sorted(LINEAR_PREDICTORS))
+@pytest.mark.parametrize("predictor", sorted(LINEAR_STD))
 def test_dynamic_linear_matches_its_formula(predictor, implementation):
     layer = DynamicLinear(16, 32, predictor=predictor)
     sd = _realistic(layer, LINEAR_STD[predictor])
@@ -223,7 +223,7 @@ def test_dynamic_dwconv_channels_last_input():
 
 
 @pytest.mark.parametrize("implementation", ["fast", "reference"])
-@pytest.mark.parametrize("predictor", sorted(DWCONV_PREDICTORS))
+@pytest.mark.parametrize("predictor", sorted(DWCONV_STD))
 @pytest.mark.parametrize("kernel_size", [3, 5])
 def test_dynamic_dwconv_matches_its_formula(predictor, kernel_size, implementation):
     layer = DynamicDWConv(8, kernel_size, predictor=predictor)

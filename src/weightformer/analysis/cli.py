@@ -1,0 +1,255 @@
+"""``weightformer analyze erf``: effective receptive fields of timm models, as a PNG grid and a JSON;
+``weightformer analyze updates``: the size of the predicted weight updates of dynamic layers;
+``weightformer analyze interaction``: whether glyphs at opposite edges interact in the pooled features.
+
+A thin layer over :mod:`.erf`, :mod:`.dynamics` and :mod:`.interaction`. Each ``--model`` is ``NAME[:key=value,...]``: a timm model name with
+keyword arguments (``weightformer_tiny:dynamic_period=0``), or ``ckpt=PATH`` alone for a checkpoint
+written by ``weightformer train`` (it names its model, kwargs and input format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..engine.config import parse_model_kwargs
+from ..engine.errors import ConfigError
+from .erf import erf_map, erf_stats
+
+__all__ = ["DEFAULT_MODELS", "build_from_spec", "check_spec", "erf_report", "load_images", "main", "plot_erf_grid"]
+
+# The comparison of the docs: every WeightFormer predictor (at the released placement), all-static, DeiT.
+DEFAULT_MODELS = (
+    "weightformer_tiny",
+    *(f"weightformer_tiny:linear_predictor={p}" for p in ("gap", "linear", "nonlinear", "deep", "bilateral_unit", "score_pool", "centered")),
+    *(f"weightformer_tiny:dwc_predictor={p}" for p in ("gap", "amp_dir", "conv", "score_gap")),
+    "weightformer_tiny:dynamic_period=0",
+    "deit_tiny_patch16_224",
+)
+
+
+def check_spec(spec: str) -> None:
+    """Raise ConfigError unless ``spec`` names a timm model or an existing checkpoint file (before any work)."""
+    import timm
+
+    import weightformer  # noqa: F401  (registers the WeightFormer models)
+
+    name = spec.partition(":")[0]
+    if name.startswith("ckpt="):
+        if not Path(name[len("ckpt="):]).is_file():
+            raise ConfigError(f"--model {spec!r}: no such checkpoint file")
+    elif not timm.is_model(name):
+        raise ConfigError(f"--model {spec!r}: {name!r} is not a timm model; write NAME[:key=value,...] or ckpt=PATH")
+
+
+def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module, dict[str, Any]]:
+    """A model from ``NAME[:key=value,...]`` or ``ckpt=PATH``; returns it and what it was built from."""
+    import timm
+
+    import weightformer  # noqa: F401  (registers the WeightFormer models)
+
+    from ..engine import build_model, load_model_state, read_checkpoint
+    from ..engine.state import model_state_from
+
+    check_spec(spec)
+    name, _, text = spec.partition(":")
+    if name.startswith("ckpt="):
+        path = name[len("ckpt="):]
+        ckpt = read_checkpoint(path)
+        meta = ckpt.get("meta")
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{path} holds no model description (meta); pass a last.pt or best.pt of weightformer train")
+        model = build_model(meta)
+        load_model_state(model, model_state_from(ckpt, source=path), source=path)
+        return model, {"checkpoint": path, "model": meta["model"], "model_kwargs": meta["model_kwargs"],
+                       "in_chans": meta["in_chans"]}
+    kwargs = parse_model_kwargs([item for item in text.split(",") if item], flag=f"--model {name}:")
+    cfg = timm.models.get_pretrained_cfg(name)
+    if name.startswith("weightformer") or (cfg is not None and cfg.fixed_input_size):  # position embeddings fix it
+        kwargs.setdefault("img_size", img_size)
+    try:
+        model = timm.create_model(name, num_classes=0, in_chans=in_chans, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--model {spec!r}: cannot build it ({exc})") from exc
+    return model, {"model": name, "model_kwargs": kwargs, "in_chans": in_chans}
+
+
+def load_images(data: str, num: int, img_size: int, in_chans: int, seed: int) -> torch.Tensor:
+    """``num`` images (num, C, S, S): standard-normal noise for ``noise``, else the first held-out images of
+    a built-in data set (mnist, a probe), normalised and resized to ``img_size``."""
+    if data == "noise":
+        return torch.randn(num, in_chans, img_size, img_size, generator=torch.Generator().manual_seed(seed))
+    from ..data import BUILTIN_DATASETS, open_dataset
+
+    if data not in BUILTIN_DATASETS:
+        raise ConfigError(f"--data {data!r}: use noise or a built-in data set (mnist, glyph_match, ...)")
+    info, splits = open_dataset(data, splits=("val",))
+    raw = torch.from_numpy(splits["val"].images[:num]).float().div(255)[:, None]  # (N, 1, H, W)
+    raw = (raw - info.mean[0]) / info.std[0]
+    raw = torch.nn.functional.interpolate(raw, size=(img_size, img_size), mode="bilinear", align_corners=False)
+    return raw.expand(-1, in_chans, -1, -1).contiguous()
+
+
+def erf_report(specs: Sequence[str], data: str = "noise", num_images: int = 8, img_size: int = 224,
+               in_chans: int = 3, seed: int = 0) -> list[dict[str, Any]]:
+    """ERF map and numbers of each model spec: ``[{"spec", "source", "stats", "map"}, ...]``."""
+    from tqdm import tqdm
+
+    for spec in specs:
+        check_spec(spec)
+    out = []
+    for spec in tqdm(specs, desc="ERF", unit="model"):
+        torch.manual_seed(seed)  # the same random init for every run of the same spec
+        model, source = build_from_spec(spec, in_chans, img_size)
+        images = load_images(data, num_images, img_size, source["in_chans"], seed)
+        erf, center = erf_map(model, images)
+        out.append({"spec": spec, "source": source, "stats": erf_stats(erf, center).as_dict(), "map": erf})
+    return out
+
+
+def plot_erf_grid(results: list[dict[str, Any]], path: Path, columns: int = 4) -> None:
+    """Log-scaled ERF maps side by side, each titled with its spec and share outside the centre."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = math.ceil(len(results) / columns)
+    cols = min(columns, len(results))
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.8 * rows), squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, result in zip(axes.ravel(), results):
+        erf = result["map"]
+        ax.imshow(np.log10(erf / erf.max() + 1e-6), cmap="magma", vmin=-6, vmax=0)
+        spec = result["spec"]
+        if spec.startswith("ckpt="):  # name a run's checkpoint by its folders: <variant>/<seed>/best.pt
+            spec = "/".join(Path(spec[len("ckpt="):]).parts[-3:])
+        title = spec.replace("weightformer_tiny", "WF-T").replace("deit_tiny_patch16_224", "DeiT-T")
+        ax.set_title(f"{title[:34]}\nout {result['stats']['outside_center']:.1%}, "
+                     f"r90 {result['stats']['radius_90_rel']:.2f}", fontsize=7)
+    fig.suptitle("effective receptive field, log10 of |grad| / max (0 to -6)", fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _erf_command(args: argparse.Namespace) -> int:
+    from ..engine.run_dir import check_writable_file
+
+    png, json_path = Path(args.output), Path(args.json or Path(args.output).with_suffix(".json"))
+    for path, flag in ((png, "--output"), (json_path, "--json")):
+        check_writable_file(path, flag)
+        if path.exists() and not args.overwrite:
+            raise ConfigError(f"{flag} {path} exists; pass --overwrite to replace it, or another path")
+    if args.num_images < 1 or args.img_size < 1:
+        raise ConfigError("--num-images and --img-size must be at least 1")
+    results = erf_report(args.model or DEFAULT_MODELS, data=args.data, num_images=args.num_images,
+                         img_size=args.img_size, in_chans=args.in_chans, seed=args.seed)
+    plot_erf_grid(results, png)
+    table = [{"spec": r["spec"], "source": r["source"], **r["stats"]} for r in results]
+    tmp = json_path.with_name(f".{json_path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
+                               "models": table}, indent=2) + "\n")
+    os.replace(tmp, json_path)
+    for row in table:
+        print(f"{row['spec']:<48} outside centre {row['outside_center']:6.1%}  r50 {row['radius_50']:6.1f} px  "
+              f"r90 {row['radius_90']:6.1f} px")
+    print(f"wrote {png} and {json_path}")
+    return 0
+
+
+def _updates_command(args: argparse.Namespace) -> int:
+    from .dynamics import dynamic_update_stats
+
+    for spec in args.model:
+        check_spec(spec)
+    rows = []
+    for spec in args.model:
+        torch.manual_seed(args.seed)
+        model, source = build_from_spec(spec, args.in_chans, args.img_size)
+        images = load_images(args.data, args.num_images, args.img_size, source["in_chans"], args.seed)
+        for row in dynamic_update_stats(model, images):
+            rows.append({"spec": spec, **row})
+            print(f"{spec[-40:]:<40} {row['layer']:<18} {row['kind']:<6} |Δ| {row['delta_norm']:.2e}  "
+                  f"capped {row['capped_norm']:.2e}  static {row['static_norm']:.3f}  spread {row['spread']:.2e}")
+    if not rows:
+        print("no dynamic layers in these models")
+    print(json.dumps(rows))
+    return 0
+
+
+def _interaction_command(args: argparse.Namespace) -> int:
+    from .interaction import edge_interaction
+
+    for spec in args.model:
+        check_spec(spec)
+    rows = []
+    for spec in args.model:
+        torch.manual_seed(args.seed)
+        model, _ = build_from_spec(spec, args.in_chans, args.img_size)
+        rows.append({"spec": spec, **edge_interaction(model, args.img_size, placements=args.placements,
+                                                       seed=args.seed, glyphs=args.glyphs)})
+        print(f"{spec[-60:]:<60} interaction {rows[-1]['interaction']:.2e}  (cross {rows[-1]['cross']:.2e}, "
+              f"left effect {rows[-1]['left_effect']:.2e})")
+    print(json.dumps(rows))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``weightformer analyze erf | updates | interaction ...``."""
+    from ..cli import run_reporting_errors
+
+    parser = argparse.ArgumentParser(prog="weightformer analyze", description="Analysis tools.")
+    sub = parser.add_subparsers(dest="tool", required=True)
+    erf = sub.add_parser("erf", help="effective receptive fields: a PNG grid of heat maps and a JSON of numbers",
+                         description="Gradient of the centre token's output w.r.t. the input pixels, averaged over "
+                                     "images, for each --model (default: every WeightFormer-T predictor, all-static "
+                                     "and DeiT-T at random init).")
+    erf.add_argument("--model", action="append", metavar="NAME[:k=v,...]|ckpt=PATH",
+                     help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
+    erf.add_argument("--data", default="noise", help="noise (default), or a built-in data set's held-out images")
+    erf.add_argument("--num-images", type=int, default=8, help="images averaged over (default: 8)")
+    erf.add_argument("--img-size", type=int, default=224, help="input side in pixels (default: 224)")
+    erf.add_argument("--in-chans", type=int, default=3, help="input channels of models built by name (default: 3)")
+    erf.add_argument("--seed", type=int, default=0, help="seed of the random init and the noise images (default: 0)")
+    erf.add_argument("--output", default="erf.png", help="PNG grid to write (default: erf.png)")
+    erf.add_argument("--json", help="JSON of the numbers (default: the --output path with .json)")
+    erf.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    updates = sub.add_parser("updates", help="size and image-dependence of the predicted ΔW / ΔK of dynamic layers",
+                             description="For each dynamic layer: mean column norm of the raw and capped update, "
+                                         "of the static weight, and the update's spread across images.")
+    updates.add_argument("--model", action="append", required=True, metavar="NAME[:k=v,...]|ckpt=PATH",
+                         help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
+    updates.add_argument("--data", default="noise", help="noise (default), or a built-in data set's held-out images")
+    updates.add_argument("--num-images", type=int, default=32, help="images (default: 32)")
+    updates.add_argument("--img-size", type=int, default=224, help="input side in pixels (default: 224)")
+    updates.add_argument("--in-chans", type=int, default=3, help="input channels of models built by name (default: 3)")
+    updates.add_argument("--seed", type=int, default=0, help="seed of the random init and noise (default: 0)")
+    inter = sub.add_parser("interaction", help="do glyphs at opposite edges interact in the pooled features?",
+                           description="The cross term φ(AA) − φ(AB) − φ(BA) + φ(BB) of the pooled features over "
+                                       "left/right glyph swaps, relative to the left glyph's own effect: 0 for a "
+                                       "model that only sums local features (see weightformer.analysis.interaction).")
+    inter.add_argument("--model", action="append", required=True, metavar="NAME[:k=v,...]|ckpt=PATH",
+                       help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
+    inter.add_argument("--img-size", type=int, default=48, help="image side in pixels (default: 48)")
+    inter.add_argument("--in-chans", type=int, default=1, help="input channels of models built by name (default: 1)")
+    inter.add_argument("--placements", type=int, default=16, help="random glyph placements (default: 16)")
+    inter.add_argument("--glyphs", type=int, default=2, help="glyphs to draw pairs from, 2-10 (default: 2)")
+    inter.add_argument("--seed", type=int, default=0, help="seed of the random init and placements (default: 0)")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.tool == "interaction" and not (2 <= args.glyphs <= 10 and args.img_size >= 32 and args.placements >= 1):
+        parser.error("--glyphs must be 2-10, --img-size at least 32 and --placements at least 1")
+    command = {"erf": _erf_command, "updates": _updates_command, "interaction": _interaction_command}[args.tool]
+    return run_reporting_errors(lambda: command(args))

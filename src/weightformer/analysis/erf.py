@@ -1,0 +1,110 @@
+"""Effective receptive fields: how much each input pixel moves the centre token of a model's last feature map.
+
+The method of the paper's ERF figure (after Luo et al., 2016, and RepLKNet): for each image, the
+gradient of Σ_c y[c, h/2, w/2] (the centre token of the last block's output, summed over channels)
+with respect to the input pixels; its absolute value summed over input channels and averaged over
+the images gives a map M (H×W) that is then normalised to sum to one. Numbers read off M:
+
+- ``outside_center``: the share of M outside the central 25% of the image (the centred box of half
+  the height and half the width);
+- ``radius_50`` / ``radius_90``: the smallest Euclidean distance from the centre token's centre, in
+  pixels, within which 50% / 90% of M lies (also given as a fraction of half the image diagonal).
+
+The last feature map comes from timm's ``forward_intermediates`` (NCHW, prefix tokens removed), so
+any timm model with that API works (ViT/DeiT, ConvNeXt, WeightFormer, ...); pass ``features`` for
+anything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ErfResult", "erf_map", "erf_stats", "last_feature_map", "token_center"]
+
+
+def last_feature_map(model: nn.Module, images: Tensor) -> Tensor:
+    """The last block's output as (B, C, h, w), through timm's ``forward_intermediates``."""
+    if not hasattr(model, "forward_intermediates"):
+        raise TypeError(f"{type(model).__name__} has no forward_intermediates; pass features=... to erf_map")
+    return model.forward_intermediates(images, indices=1, intermediates_only=True)[-1]
+
+
+def erf_map(model: nn.Module, images: Tensor, features: Callable[[nn.Module, Tensor], Tensor] | None = None,
+            batch_size: int = 8) -> tuple[np.ndarray, tuple[float, float]]:
+    """The normalised ERF map (H, W) of ``model`` over ``images`` (N, C, H, W), which sums to one, and
+    the pixel (row, col) of the centre token's centre (for :func:`erf_stats`).
+
+    ``features(model, x)`` gives the feature map (B, C, h, w) whose centre token is differentiated
+    (default: :func:`last_feature_map`). Runs in eval mode, in batches of ``batch_size`` images;
+    every image's gradient is its own (the centre token of image i depends on image i only).
+    """
+    features = features or last_feature_map
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(images.shape[-2:], dtype=torch.float64)
+    grid = (1, 1)
+    try:
+        for start in range(0, len(images), batch_size):
+            x = images[start:start + batch_size].clone().requires_grad_(True)
+            fmap = features(model, x)  # (B, C, h, w)
+            h, w = grid = fmap.shape[-2:]
+            fmap[:, :, h // 2, w // 2].sum().backward()
+            total += x.grad.abs().sum(dim=(0, 1)).double()  # (H, W)
+    finally:
+        model.train(was_training)
+    if total.sum() <= 0:
+        raise ValueError("the centre token does not depend on the input at all (zero gradient)")
+    return (total / total.sum()).numpy(), token_center(tuple(images.shape[-2:]), tuple(grid))
+
+
+@dataclass
+class ErfResult:
+    """The numbers of one ERF map (see the module docstring)."""
+
+    outside_center: float
+    radius_50: float
+    radius_90: float
+    radius_50_rel: float  # radius / half the image diagonal
+    radius_90_rel: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def erf_stats(erf: np.ndarray, center: Sequence[float] | None = None) -> ErfResult:
+    """Mass outside the central 25% and the 50% / 90% radii of a normalised ERF map (H, W).
+
+    ``center``: (row, col) in pixels of the centre token's centre (default: the image centre,
+    ((H-1)/2, (W-1)/2)).
+    """
+    H, W = erf.shape
+    cy, cx = center if center is not None else ((H - 1) / 2, (W - 1) / 2)
+    mass = erf / erf.sum()
+    top, left = H // 4, W // 4
+    inside = mass[top:top + H - 2 * (H // 4), left:left + W - 2 * (W // 4)].sum()  # half the side, centred
+    rows, cols = np.mgrid[0:H, 0:W]
+    dist = np.hypot(rows - cy, cols - cx).ravel()
+    order = np.argsort(dist, kind="stable")
+    cumulative = np.cumsum(mass.ravel()[order])
+    half_diag = math.hypot(H, W) / 2
+
+    def radius(q: float) -> float:
+        # The 1e-9 absorbs rounding in the cumulative sum of an exactly-reached quantile.
+        return float(dist[order][min(int(np.searchsorted(cumulative, q - 1e-9)), len(order) - 1)])
+
+    r50, r90 = radius(0.5), radius(0.9)
+    return ErfResult(float(1.0 - inside), r50, r90, r50 / half_diag, r90 / half_diag)
+
+
+def token_center(img_size: tuple[int, int], grid: tuple[int, int]) -> tuple[float, float]:
+    """Pixel coordinates of the centre token's centre, for a (h, w) token grid over an (H, W) image
+    whose tokens tile it evenly (pixels past the last whole token are ignored by the model)."""
+    (H, W), (h, w) = img_size, grid
+    step_y, step_x = H // h, W // w
+    return ((h // 2 + 0.5) * step_y - 0.5, (w // 2 + 0.5) * step_x - 0.5)

@@ -1,0 +1,149 @@
+"""The long-range predictors (score_pool, centered, score_gap) and the models registered on them."""
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import weightformer  # noqa: F401
+from weightformer.layers import (
+    DWCONV_PREDICTORS,
+    LINEAR_PREDICTORS,
+    DynamicDWConv,
+    DynamicLinear,
+)
+from weightformer.layers.long_range_predictors import (
+    BilateralUnitPredictor,
+    CenteredPredictor,
+    ScorePoolKernelPredictor,
+    ScorePoolPredictor,
+)
+
+
+def _randomise(module: torch.nn.Module) -> None:
+    torch.manual_seed(1)
+    for p in module.parameters():
+        p.data.normal_(0, 0.3)
+
+
+def _lift(predictor, core: torch.Tensor) -> torch.Tensor:
+    """ΔWᵀ = (g·U_inᵀ·unit(core)·U_out)ᵀ, written out; unit() divides by (root mean square + 1e-6)."""
+    unit = core / (core.pow(2).mean(dim=(1, 2), keepdim=True).sqrt() + 1e-6)
+    return predictor.gain * torch.einsum("ic,bij,jo->boc", predictor.in_basis, unit, predictor.out_basis)
+
+
+def test_score_pool_matches_a_token_by_token_restatement():
+    predictor = ScorePoolPredictor(32, 64)
+    _randomise(predictor)
+    x = torch.randn(2, 6, 4, 32)
+    # pooled tokens, per-head softmax over them, each head owning a quarter of the input-rank rows
+    pooled = x.view(2, 3, 2, 2, 2, 32).mean(dim=(2, 4)).reshape(2, 6, 32)
+    p = F.silu(pooled @ predictor.proj.weight.T + predictor.proj.bias)
+    p_in, p_out = p[..., :8], p[..., 8:]
+    alpha = torch.softmax(pooled @ predictor.score.weight.T + predictor.score.bias, dim=1)  # (B, N', 4)
+    core = torch.zeros(2, 8, 16)
+    for b in range(2):
+        for t in range(6):
+            for row in range(8):
+                core[b, row] += alpha[b, t, row // 2] * p_in[b, t, row] * p_out[b, t]
+    torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
+
+
+def test_bilateral_unit_is_the_released_sum_at_unit_scale():
+    predictor = BilateralUnitPredictor(32, 64)
+    _randomise(predictor)
+    x = torch.randn(2, 4, 4, 32)
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2).flatten(2).transpose(1, 2)
+    p = F.silu(pooled @ predictor.proj.weight.T + predictor.proj.bias)
+    core = torch.einsum("bti,btj->bij", p[..., :8], p[..., 8:])
+    torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
+
+
+def test_unit_predictors_start_with_weight_updates_of_a_useful_size():
+    """At the released init, bilateral's ΔW columns are ~1e-5 long; the unit-scaled ones start near 0.3."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 6, 64)
+    for cls in (BilateralUnitPredictor, ScorePoolPredictor, CenteredPredictor):
+        norm = torch.linalg.vector_norm(cls(64, 256)(x), dim=-1).mean().item()
+        assert 0.15 < norm < 0.6, (cls.__name__, norm)
+    assert torch.linalg.vector_norm(LINEAR_PREDICTORS["bilateral"](64, 256)(x), dim=-1).mean() < 1e-3
+
+
+def test_centered_is_the_covariance_of_the_activated_projections():
+    predictor = CenteredPredictor(32, 32)
+    _randomise(predictor)
+    x = torch.randn(3, 4, 4, 32)
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2).flatten(2).transpose(1, 2)  # (B, 4, C)
+    p = F.silu(predictor.proj(pooled))
+    covariance = torch.stack([torch.cov(sample.T, correction=0) for sample in p])  # (B, 16, 16)
+    core = covariance[:, :8, 8:] * 4  # Σ over the 4 pooled tokens (the unit scaling removes the factor anyway)
+    torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
+    # a token grid with every token the same has no spread: ΔW = 0
+    assert predictor(x[:, :1, :1].expand(3, 4, 4, 32)).abs().max() < 1e-7
+
+
+def test_score_gap_pools_each_channel_with_its_own_softmax():
+    predictor = ScorePoolKernelPredictor(8, 3)
+    _randomise(predictor)
+    x = torch.randn(2, 8, 5, 5)
+    scores = torch.einsum("oc,bchw->bohw", predictor.score.weight[:, :, 0, 0], x) + predictor.score.bias[:, None, None]
+    weights = torch.softmax(scores.flatten(2), -1)
+    pooled = (weights * x.flatten(2)).sum(-1)
+    expected = F.gelu(pooled @ predictor.fc1.weight.T + predictor.fc1.bias)[:, :, None, None] * predictor.bank
+    torch.testing.assert_close(predictor(x), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_new_names_are_in_the_registries_and_layers_build_with_them():
+    assert LINEAR_PREDICTORS["score_pool"] is ScorePoolPredictor and LINEAR_PREDICTORS["centered"] is CenteredPredictor
+    assert LINEAR_PREDICTORS["bilateral_unit"] is BilateralUnitPredictor
+    assert DWCONV_PREDICTORS["score_gap"] is ScorePoolKernelPredictor
+    x = torch.randn(2, 5, 3, 32)  # odd grid side
+    for name in ("score_pool", "centered", "bilateral_unit"):
+        assert DynamicLinear(32, 128, predictor=name)(x).shape == (2, 5, 3, 128)
+    assert DynamicDWConv(32, 5, predictor="score_gap")(x.permute(0, 3, 1, 2)).shape == (2, 32, 5, 3)
+
+
+def _predictor_flops(predictor: torch.nn.Module, x: torch.Tensor) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        predictor(x)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("predictor", [ScorePoolPredictor(32, 128), CenteredPredictor(32, 128),
+                                       BilateralUnitPredictor(32, 128)])
+def test_linear_predictor_cost_grows_linearly_with_the_token_count(predictor):
+    flops = [_predictor_flops(predictor, torch.randn(1, side, side, 32)) for side in (8, 16, 32)]
+    # the N-independent lift is the same at every size; the rest must grow 4x per doubling of the side, not 16x
+    assert (flops[2] - flops[1]) / (flops[1] - flops[0]) == pytest.approx(4.0, rel=0.05)
+
+
+def test_gradients_reach_every_new_predictor_parameter():
+    model = timm.create_model("weightformer_tiny", patch_size=4, embed_dim=32, depth=2, dynamic_period=1, img_size=16,
+                              num_classes=3, linear_predictor="score_pool", dwc_predictor="score_gap")
+    _randomise(model)
+    model(torch.randn(2, 3, 16, 16)).logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        if ".predictor." in name:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_long_range_model_name_uses_centered_and_the_default_is_unchanged():
+    long_range = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=2)
+    released = timm.create_model("weightformer_tiny", img_size=32, num_classes=2)
+    assert all(block.mlp.fc1.predictor_name == "centered" for block in long_range.blocks)  # every block dynamic
+    assert released.blocks[1].mlp.fc1.predictor_name == "bilateral"
+    assert released.blocks[1].dwc.predictor_name == "adaptive" and not released.blocks[0].dynamic
+    assert long_range(torch.randn(1, 3, 32, 32)).shape == (1, 2)
+    with pytest.raises(ValueError, match="no pretrained weights"):
+        timm.create_model("weightformer_long_range_tiny", pretrained=True)
+
+
+def test_centered_has_finite_gradients_when_one_token_is_pooled():
+    """A 3x3 grid pools to one token: the centred core is exactly 0 and its gradient must stay finite."""
+    layer = DynamicLinear(32, 64, predictor="centered")
+    x = torch.randn(2, 3, 3, 32, requires_grad=True)
+    layer(x).square().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+    assert torch.isfinite(x.grad).all()
