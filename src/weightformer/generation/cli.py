@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_arguments(sub.add_parser(
         "train", help="train a diffusion model (default: a small WF-DiT on the bundled MNIST)",
         description="Train WF-DiT or DiT with DiT's diffusion (linear betas, 1000 steps, learned sigma, hybrid "
-                    "loss). Without --data: the bundled MNIST, 28 px padded to 32, a small-CPU recipe printed at the "
-                    "start. Models: wf_dit_{s,b,l,xl}_{2,4,8} and dit_{s,b,l,xl}_{2,4,8}."))
+                    "loss; --model-kwargs learn_sigma=False: fixed sigma, MSE loss). Without --data: the bundled "
+                    "MNIST, 28 px padded to 32, a small-CPU recipe (fixed sigma) printed at the start. Models: wf_dit_{s,b,l,xl}_{2,4,8} and dit_{s,b,l,xl}_{2,4,8}."))
     sp = sub.add_parser("sample", help="draw class-conditional samples: OUT/samples.npz and OUT/grid.png",
                         description="Sample from a gen checkpoint (its EMA weights unless --no-ema).")
     sp.add_argument("--checkpoint", required=True, help="a last.pt or best.pt written by weightformer gen train")
@@ -95,9 +95,6 @@ def _run_train(args: argparse.Namespace) -> int:
         overrides["data"] = "mnist"
     result = train(overrides, config_file=config_file, task=GenerationTask,
                    defaults=_train_defaults(overrides, config_file))
-    if result.stopped_by is None:
-        print(f"sample with: weightformer gen sample --checkpoint {result.last_checkpoint} --out "
-              f"{Path(result.output) / 'samples'}")
     return exit_code(result)
 
 
