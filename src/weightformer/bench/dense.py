@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .machine import describe, machine_info
 from .memory import MIB, _proc_status_kib, _reset_peak_rss, cuda_peak
 from .report import OutputError, check_out_dir, write_atomic
-from .timing import median, synchronize, time_call
+from .timing import median, time_call
 
 __all__ = ["BACKBONES", "DenseBenchConfig", "build_dense_model", "count_macs", "main", "markdown_table", "run"]
 

@@ -27,9 +27,7 @@ from ..engine.config import TrainConfig
 from ..engine.distributed import DistInfo
 from ..engine.errors import ConfigError
 from ..engine.evaluate import autocast
-from ..engine.state import load_backbone_weights
 from ..engine.task import Task, TaskData
-from ..models.layer_decay import layer_decay_param_groups
 from ..models.pyramid import SimpleFeaturePyramid, build_backbone
 from . import synthetic
 from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, Target, collate, drop_crowd
@@ -141,6 +139,7 @@ class DetectionTask(Task):
     output_prefix = "det_"
     best_metric = "bbox_mAP"
     curve_metrics = ("bbox_mAP", "bbox_mAP_50", "segm_mAP")
+    backbone_path = BACKBONE_PATH
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
@@ -195,21 +194,6 @@ class DetectionTask(Task):
             if meta.get(key) != mine:
                 raise CheckpointError(f"{source} has {key} {meta.get(key)} and this run {mine}; pass {flag} to "
                                       f"match it{', or start a new run' if resuming else ''}")
-
-    def init_weights(self, model: nn.Module, ckpt: Mapping[str, Any], source: str) -> str:
-        """A checkpoint of this task initialises the whole model; any other (a classifier's: ours, the
-        authors', timm's) only the backbone."""
-        if (ckpt.get("meta") or {}).get("task") == self.name:
-            return super().init_weights(model, ckpt, source)
-        return load_backbone_weights(model, BACKBONE_PATH, self.cfg.model, ckpt, source)
-
-    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
-        if self.cfg.layer_decay is None:
-            return None
-        try:
-            return layer_decay_param_groups(model, BACKBONE_PATH, self.cfg.weight_decay, self.cfg.layer_decay)
-        except ValueError as exc:
-            raise ConfigError(f"--layer-decay: {exc}") from None
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
         loss, _ = training_loss(model, batch, device)

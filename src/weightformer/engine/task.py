@@ -22,7 +22,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from .config import TrainConfig
 from .distributed import DistInfo
-from .state import load_weights
+from ..models.layer_decay import layer_decay_param_groups
+from .errors import ConfigError
+from .state import load_backbone_weights, load_weights
 
 __all__ = ["Task", "TaskData"]
 
@@ -42,7 +44,9 @@ class Task(ABC):
 
     ``best_metric`` names the entry of :meth:`evaluate`'s result that picks ``best.pt`` (higher is
     better, or lower when ``higher_is_better`` is False, e.g. a loss); ``curve_metrics`` are the entries
-    plotted in ``curves.png``.
+    plotted in ``curves.png``. A task whose model wraps a timm backbone (the dense tasks) names its
+    submodule in ``backbone_path``: ``--init`` from another task's checkpoint then loads only the
+    backbone, and ``layer_decay`` decays the backbone's blocks.
     """
 
     name: ClassVar[str]
@@ -51,6 +55,7 @@ class Task(ABC):
     best_metric: ClassVar[str]
     higher_is_better: ClassVar[bool] = True
     curve_metrics: ClassVar[tuple[str, ...]] = ()
+    backbone_path: ClassVar[Optional[str]] = None  # e.g. "pyramid.backbone"; None: the model is the backbone
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -69,16 +74,26 @@ class Task(ABC):
 
     def init_weights(self, model: nn.Module, ckpt: Mapping[str, Any], source: str) -> str:
         """Load ``--init`` weights (an already-read checkpoint of any format) into ``model`` for a new
-        run, and return what was loaded, as a clause of the run's announcement. Default: the whole
-        model, a classifier of another size left as initialised (fine-tuning on other classes)."""
+        run, and return what was loaded, as a clause of the run's announcement. A checkpoint of this
+        task (or any, without ``backbone_path``) fills the whole model, a classifier of another size
+        left as initialised (fine-tuning on other classes); any other (a classifier's: ours, the
+        authors', timm's) fills only the backbone."""
+        if self.backbone_path is not None and (ckpt.get("meta") or {}).get("task") != self.name:
+            return load_backbone_weights(model, self.backbone_path, self.cfg.model, ckpt, source)
         self.check_checkpoint(dict(ckpt.get("meta") or {}), source, resuming=False)
         fresh = load_weights(model, ckpt, source=source, ignore_classifier=True)
         return f"; the classifier ({', '.join(fresh)}) does not fit these classes and starts fresh" if fresh else ""
 
     def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
-        """Optimizer parameter groups (e.g. layer-wise LR decay through ``lr_scale``), or None for
-        timm's default: weight decay on all but norms and biases."""
-        return None
+        """Optimizer parameter groups, or None for timm's default: weight decay on all but norms and
+        biases. With ``backbone_path`` and ``layer_decay``, the backbone's blocks get layer-wise LR
+        decay through ``lr_scale`` (the rest of the model the full rate)."""
+        if self.backbone_path is None or self.cfg.layer_decay is None:
+            return None
+        try:
+            return layer_decay_param_groups(model, self.backbone_path, self.cfg.weight_decay, self.cfg.layer_decay)
+        except ValueError as exc:
+            raise ConfigError(f"--layer-decay: {exc}") from None
 
     @abstractmethod
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +27,7 @@ from ..checkpoint import CheckpointError
 from ..engine.config import TrainConfig
 from ..engine.distributed import DistInfo
 from ..engine.errors import ConfigError
-from ..engine.state import load_backbone_weights
 from ..engine.task import Task, TaskData
-from ..models.layer_decay import layer_decay_param_groups
 from .data import IGNORE_INDEX, EvalTransform, SegmentationBatch, SegmentationFolder, TrainTransform, collate_segmentation
 from .inference import slide_inference, whole_inference
 from .metrics import SegmentationMetric
@@ -163,6 +161,7 @@ class SegmentationTask(Task):
     output_prefix = "seg_"
     best_metric = "mIoU"
     curve_metrics = ("mIoU", "mAcc", "aAcc")
+    backbone_path = BACKBONE_PATH
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
@@ -207,18 +206,6 @@ class SegmentationTask(Task):
             raise CheckpointError(f"{source} has {meta['num_classes']} classes and this run {self.num_classes}; "
                                   f"pass --num-classes {meta['num_classes']} or the data it was trained on "
                                   f"({meta.get('data')})")
-
-    def init_weights(self, model: nn.Module, ckpt: Mapping[str, Any], source: str) -> str:
-        """A checkpoint of this task initialises the whole model; any other (a classifier's: ours, the
-        authors', timm's) only the backbone."""
-        if (ckpt.get("meta") or {}).get("task") == self.name:
-            return super().init_weights(model, ckpt, source)
-        return load_backbone_weights(model, BACKBONE_PATH, self.cfg.model, ckpt, source)
-
-    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
-        if self.cfg.layer_decay is None:
-            return None
-        return layer_decay_param_groups(model, BACKBONE_PATH, self.cfg.weight_decay, self.cfg.layer_decay)
 
     def training_loss(self, model: nn.Module, batch: SegmentationBatch, device: torch.device) -> tuple[Tensor, int]:
         loss, _ = training_loss(model, batch, device)
