@@ -15,7 +15,13 @@ import torch
 from timm.data import create_transform, resolve_data_config
 from torch.utils.data import Dataset, TensorDataset
 
-__all__ = ["SeededTransformDataset", "build_transforms", "eval_data_config", "precompute", "seeded_rng"]
+__all__ = ["SeededTransformDataset", "build_transforms", "eval_data_config", "precompute", "sample_seed", "seeded_rng"]
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A seed in [0, 2**63) for one sample's augmentation, fixed by (run seed, epoch, index) alone, so
+    that it depends neither on the worker that loads the sample nor on where a run resumed."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0]) % 2**63
 
 
 @contextmanager
@@ -53,8 +59,7 @@ class SeededTransformDataset(Dataset):
         img, target = self.base[index]
         if self.seed is None:
             return self.transform(img), target
-        sample_seed = int(np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0])
-        with seeded_rng(sample_seed % 2**63):
+        with seeded_rng(sample_seed(self.seed, self.epoch, index)):
             return self.transform(img), target
 
 

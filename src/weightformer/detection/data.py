@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from ..data.errors import DataError
-from ..data.transforms import seeded_rng
+from ..data.transforms import sample_seed, seeded_rng
 
 __all__ = ["CocoDetection", "DroppedBoxesWarning", "LargeScaleJitter", "SeededJitterDataset", "collate", "drop_crowd"]
 
@@ -262,6 +262,5 @@ class SeededJitterDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, Target]:
         image, target = self.base[index]
-        sample_seed = int(np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0])
-        with seeded_rng(sample_seed % 2**63):
+        with seeded_rng(sample_seed(self.seed, self.epoch, index)):
             return self.transforms(image, target)

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 
 from ..data.errors import DataError
 from ..data.folder import DECODE_ERRORS, rgb_loader
+from ..data.transforms import sample_seed
 
 __all__ = [
     "IGNORE_INDEX", "SPLITS", "EvalTransform", "SegmentationBatch", "SegmentationFolder", "TrainTransform",
@@ -343,9 +344,7 @@ class SegmentationFolder(Dataset):
             return image_t, label_t
         generator = None
         if self.seed is not None:
-            generator = torch.Generator().manual_seed(
-                int(np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0] % 2**63)
-            )
+            generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, index))
         return self.transform(image_t, label_t, generator)
 
 
