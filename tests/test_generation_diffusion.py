@@ -104,3 +104,58 @@ def test_ddim_step_matches_diffusers_where_the_chains_coincide():
         expected = reference.step(eps, t, x, eta=0.0, use_clipped_model_output=True).prev_sample
         ours = diffusion.ddim_step(eps, x, t, steps[i + 1] if i + 1 < len(steps) else -1, clip=True)
         torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+
+
+class _PosteriorMeanDenoiser(torch.nn.Module):
+    """The exact ε-predictor of a finite image set: x̂0 = E[x0 | x_t] under q, restricted to the images of
+    the requested class (all images for the null label). It shares nothing with the model or sampler's
+    code. Being exact, it snaps a chain back onto the set at the end even if a step's coefficients are a
+    little off (those are tested against DiT's formulas above); what it checks is the wiring: timestep
+    order, labels and the null label in guidance, the guided half, the generator."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, num_classes: int):
+        super().__init__()
+        self.images, self.labels = images, labels  # (M, C, H, W) in [-1, 1], (M,)
+        self.num_classes, self.in_channels, self.input_size, self.learn_sigma = num_classes, images.shape[1], images.shape[-1], False
+        self.anchor = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))  # sets the sampler's dtype
+        betas = np.linspace(1e-4, 0.02, 1000)
+        self.acp = torch.from_numpy(np.cumprod(1 - betas))
+
+    def forward(self, xt, t, y):
+        a = self.acp[t].view(-1, 1, 1)  # (B, 1, 1)
+        ref = self.images.flatten(1)[None]  # (1, M, D)
+        logits = -(xt.flatten(1)[:, None] - a.sqrt() * ref).pow(2).sum(-1) / (2 * (1 - a[..., 0]))  # (B, M)
+        allowed = (y[:, None] == self.labels[None]) | (y[:, None] == self.num_classes)
+        x0 = (torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1) @ self.images.flatten(1)).view_as(xt)
+        a = a.view(-1, 1, 1, 1)
+        return (xt - a.sqrt() * x0) / (1 - a).sqrt()
+
+    def forward_with_cfg(self, x, t, y, cfg_scale, guidance=None):
+        half = len(x) // 2
+        cond, uncond = self.forward(torch.cat([x[:half], x[:half]]), t, y).split(half)
+        guided = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([guided, guided])
+
+
+def test_sampling_with_the_exact_denoiser_lands_on_the_requested_class():
+    """The sampler's end-to-end check (docs/generation.md: the offline job's weak samples are the
+    model's, not the sampler's). DDPM and DDIM, with and without guidance: with the posterior-mean denoiser of 12 binary images
+    (4 classes of 3), every sample ends next to one of its class's images, the nearest images of the
+    samples of a class spread over that class, and a fixed generator repeats the samples."""
+    from weightformer.generation.sampling import sample
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 2, (12, 1, 6, 6), generator=g).double() * 2 - 1
+    labels = torch.arange(4).repeat_interleave(3)
+    oracle = _PosteriorMeanDenoiser(images, labels, num_classes=4)
+    wanted = torch.arange(4).repeat_interleave(8)
+    diffusion = GaussianDiffusion(learn_sigma=False)
+    for sampler, steps, cfg in (("ddpm", 100, 1.0), ("ddpm", 50, 4.0), ("ddim", 25, 1.0), ("ddim", 25, 4.0)):
+        x = sample(oracle, diffusion, wanted, steps, sampler, cfg, generator=torch.Generator().manual_seed(1))
+        distance = torch.cdist(x.flatten(1), images.flatten(1))  # (32, 12)
+        nearest = distance.argmin(1)
+        assert (labels[nearest] == wanted).all(), (sampler, steps, cfg)
+        assert distance.min(1).values.max() < 0.5, (sampler, steps, cfg, distance.min(1).values.max())  # of 6 per image
+        assert len(set(nearest.tolist())) >= 8, (sampler, steps, cfg)  # not one image per class
+        again = sample(oracle, diffusion, wanted, steps, sampler, cfg, generator=torch.Generator().manual_seed(1))
+        assert torch.equal(x, again)
