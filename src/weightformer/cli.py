@@ -47,13 +47,15 @@ def _train_default(name: str) -> str:
     return f"(default: {FIELDS[name].default})"
 
 
-def add_train_arguments(p: argparse.ArgumentParser, data_help: Optional[str] = None) -> None:
+def add_train_arguments(p: argparse.ArgumentParser, data_help: Optional[str] = None,
+                        default_help: Optional[Callable[[str], str]] = None) -> None:
     """The run flags of ``weightformer train``, shared by every task's ``train`` command (``data_help``
-    describes the task's ``--data``)."""
+    describes the task's ``--data``; ``default_help(field)`` the ``(default: ...)`` text of a task
+    whose recipe is not TrainConfig's)."""
     # Every default is SUPPRESS: only flags the user gives override the config file and data-set defaults.
     # The defaults shown are the paper's ImageNet recipe; a built-in data set (mnist) brings its own, printed
     # at the start of the run.
-    S, d = argparse.SUPPRESS, _train_default
+    S, d = argparse.SUPPRESS, default_help or _train_default
     p.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
                    help="YAML file of settings (e.g. configs/imagenet_weightformer_t.yaml); flags override it")
     p.add_argument("--data", default=S,
@@ -72,7 +74,7 @@ def add_train_arguments(p: argparse.ArgumentParser, data_help: Optional[str] = N
                    help="training and evaluation resolution in pixels (default: the data set's, else 224)")
     p.add_argument("--lr", type=float, default=S,
                    help=f"learning rate for a total batch of 512, scaled linearly to the real one {d('lr')}")
-    p.add_argument("--warmup-epochs", type=int, default=S,
+    p.add_argument("--warmup-epochs", type=float, default=S,
                    help=f"epochs of linear warm-up before the cosine decay {d('warmup_epochs')}")
     p.add_argument("--output", default=S, help="run folder (default: runs/<data>_<model>)")
     p.add_argument("--resume", default=S, metavar="{auto,PATH}",

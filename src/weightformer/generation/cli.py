@@ -39,8 +39,15 @@ GUIDANCE_HELP = ("classifier-free guidance scale, at least 1 (1: none); DiT's: 1
                  "(default: %(default)s)")
 
 
+def _recipe_default(name: str) -> str:
+    """``(default: X on mnist, Y otherwise)``: the offline recipe's value and DiT's."""
+    mnist, paper = MNIST_DEFAULTS.get(name, "-"), PAPER_DEFAULTS.get(name, "-")
+    return f"(default: {mnist} on mnist, {paper} otherwise)" if mnist != paper else f"(default: {mnist})"
+
+
 def _add_train_arguments(p: argparse.ArgumentParser) -> None:
-    add_train_arguments(p, data_help="mnist (bundled, the default) or an ImageFolder tree with train/ and val/")
+    add_train_arguments(p, data_help="mnist (bundled, the default) or an ImageFolder tree with train/ and val/",
+                        default_help=_recipe_default)
     p.add_argument("--vae", default=argparse.SUPPRESS, metavar="PATH",
                    help="train in the latent space of the diffusers AutoencoderKL saved in this local folder "
                         "(e.g. stabilityai/sd-vae-ft-ema); latents are computed once and cached (default: pixel space)")
