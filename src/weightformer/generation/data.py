@@ -1,4 +1,4 @@
-"""Training images for diffusion: the bundled MNIST (28 px, zero-padded to 32) or an ImageFolder tree
+"""Training images for diffusion: the bundled MNIST (28 px, or zero-padded to a larger --img-size) or an ImageFolder tree
 (resized and centre-cropped), as tensors in [-1, 1], with seeded per-epoch flips."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class ImageGeometry:
 
 
 def image_geometry(data: str, img_size: int | None) -> ImageGeometry:
-    """MNIST: its 28 px padded to 32 (or to ``img_size`` if given and larger); folders: ``img_size`` (default 256), RGB."""
+    """MNIST: its 28 px padded to ``img_size`` if that is larger (to 32 if None); folders: ``img_size`` (default 256), RGB."""
     spec = BUILTIN_DATASETS.get(data)
     if spec is not None:
         size = max(img_size or MNIST_PADDED, spec.img_size)
