@@ -1,5 +1,5 @@
-"""The dense tasks under torchrun: 2 CPU processes (gloo) train detection and segmentation and end with
-identical weights, with one run folder written by rank 0."""
+"""The engine's other tasks under torchrun: 2 CPU processes (gloo) train detection, segmentation and
+generation and end with identical weights, with one run folder written by rank 0."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,9 +22,10 @@ import hashlib, json, os, sys
 from weightformer.engine import train
 from weightformer.detection.task import DetectionTask
 from weightformer.segmentation.task import SegmentationTask
+from weightformer.generation.task import GenerationTask
 
 task, config = sys.argv[1], json.loads(sys.argv[2])
-result = train(config, task={"det": DetectionTask, "seg": SegmentationTask}[task])
+result = train(config, task={"det": DetectionTask, "seg": SegmentationTask, "gen": GenerationTask}[task])
 digest = hashlib.sha256()
 for name, tensor in sorted(result.model.state_dict().items()):
     digest.update(name.encode())
@@ -41,14 +43,32 @@ SEGMENTER = {"embed_dim": 32, "depth": 2, "drop_path_rate": 0.1, "channels": 16,
              "aux_channels": 8}
 
 
-@pytest.mark.parametrize("task", ["det", "seg"])
+def _write_image_folder(root: Path) -> Path:
+    """16 px RGB noise images in two classes, 4 train and 1 val image each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 4), ("val", 1)):
+        for label in (0, 1):
+            (root / split / f"c{label}").mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / f"c{label}" / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("task", ["det", "seg", "gen"])
 def test_torchrun_two_cpu_processes_keep_identical_weights(tmp_path: Path, task: str):
     if task == "det":
         data = det_synthetic.write_shapes(tmp_path / "data", seed=2, split_sizes={"train": 8, "val": 2})
         config = dict(COMMON, data=str(data), model_kwargs=DETECTOR, img_size=64, cascade=True)
-    else:
+    elif task == "seg":
         data = write_seg_shapes(tmp_path / "data", train=8, val=2)
         config = dict(COMMON, data=str(data), model_kwargs=SEGMENTER, img_size=32, num_classes=4)
+    else:  # label dropout, timesteps and noise differ per rank; DDP and the EMA must not
+        data = _write_image_folder(tmp_path / "data")
+        config = dict(COMMON, data=str(data), model="wf_dit_s_4", model_kwargs={"hidden_size": 32, "depth": 2},
+                      img_size=16, ema=True, ema_decay=0.9, weight_decay=0.0)
     output = tmp_path / "out"
     config["output"] = str(output)
     script = tmp_path / "run.py"
