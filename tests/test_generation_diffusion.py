@@ -66,6 +66,23 @@ def test_hybrid_loss_is_mse_plus_kl_to_the_posterior_in_bits():
     torch.testing.assert_close(losses["loss"], losses["mse"] + losses["vb"])
 
 
+def test_min_snr_weighting_caps_the_signal_to_noise_ratio():
+    diffusion = GaussianDiffusion(learn_sigma=False)
+    gen = torch.Generator().manual_seed(2)
+    x0 = torch.rand(4, 1, 4, 4, generator=gen, dtype=torch.float64) * 2 - 1
+    noise = torch.randn(4, 1, 4, 4, generator=gen, dtype=torch.float64)
+    out = torch.randn(4, 1, 4, 4, generator=gen, dtype=torch.float64)
+    t = torch.tensor([0, 100, 400, 999])
+    uniform = diffusion.training_losses(lambda xt, tt: out, x0, t, noise)
+    weighted = diffusion.training_losses(lambda xt, tt: out, x0, t, noise, min_snr_gamma=5.0)
+    a = alphas_cumprod()[t.numpy()]
+    snr = a / (1 - a)
+    assert snr[0] > 5 > snr[-1]  # the cap binds at low noise only
+    np.testing.assert_allclose(weighted["loss"].numpy(), uniform["mse"].numpy() * np.minimum(snr, 5.0) / snr, rtol=1e-12)
+    torch.testing.assert_close(weighted["mse"], uniform["mse"])  # the reported L_simple stays unweighted
+    assert weighted["loss"][-1] == uniform["loss"][-1]
+
+
 def test_ddpm_step_is_dits_respaced_p_sample():
     """diffusers' DDPMScheduler as configured equals DiT's respaced p_sample (learned-range variance)."""
     diffusion = GaussianDiffusion()

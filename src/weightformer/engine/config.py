@@ -95,6 +95,7 @@ class TrainConfig:
     det_max_size: int = 1333  # detection, shortest_edge: the long side's limit (the short side is img_size)
     # generation
     vae: Optional[str] = None  # a local diffusers AutoencoderKL folder: train in its latent space; None: pixels
+    min_snr_gamma: Optional[float] = None  # weight L_simple by min(SNR_t, gamma)/SNR_t (Min-SNR); None: DiT's uniform
     # systems
     amp: str = "none"  # none, bf16 or fp16 (fp16 needs a GPU); the release's T and S use fp16
     compile: bool = False
@@ -334,6 +335,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seg_stride", lambda v: v >= 1, "a positive number of pixels"),
     ("det_resize", lambda v: v in ("lsj", "shortest_edge"), "lsj or shortest_edge"),
     ("det_max_size", lambda v: v >= 1, "a positive number of pixels"),
+    ("min_snr_gamma", lambda v: v is None or v > 0, "a positive SNR cap such as 5, or null for DiT's uniform weighting"),
 )
 
 

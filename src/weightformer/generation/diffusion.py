@@ -129,9 +129,19 @@ class GaussianDiffusion:
         nll = -_mean_flat(discretized_gaussian_log_likelihood(x0, mean, 0.5 * log_var)) / math.log(2.0)
         return torch.where(t == 0, nll, kl)
 
-    def training_losses(self, model_output_fn, x0: Tensor, t: Tensor, noise: Tensor | None = None) -> dict[str, Tensor]:
+    def snr(self, t: Tensor) -> Tensor:
+        """The signal-to-noise ratio ᾱ_t / (1 − ᾱ_t) at timesteps t (B,), float64."""
+        acp = self.table["alphas_cumprod"].to(t.device)[t]
+        return acp / (1.0 - acp)
+
+    def training_losses(self, model_output_fn, x0: Tensor, t: Tensor, noise: Tensor | None = None,
+                        min_snr_gamma: float | None = None) -> dict[str, Tensor]:
         """Per-sample losses (B,): ``mse`` (L_simple), ``vb`` (with the mean frozen; 0 without learned σ)
-        and ``loss = mse + vb``. ``model_output_fn(x_t, t)`` runs the model."""
+        and ``loss = w_t·mse + vb``. ``model_output_fn(x_t, t)`` runs the model.
+
+        w_t = 1 (DiT), or with ``min_snr_gamma`` = γ the Min-SNR weight min(SNR_t, γ)/SNR_t of ε-prediction
+        (Hang et al., arXiv 2303.09556): the nearly noise-free steps, whose ε is hard to see and says
+        little about the picture, stop dominating the loss."""
         noise = torch.randn_like(x0) if noise is None else noise
         xt = self.q_sample(x0, t, noise)
         out = model_output_fn(xt, t)
@@ -142,7 +152,11 @@ class GaussianDiffusion:
             vb = self.vlb_bits(frozen, x0, xt, t) * (self.num_timesteps / 1000.0)
         else:
             vb = torch.zeros_like(mse)
-        return {"loss": mse + vb, "mse": mse, "vb": vb}
+        weighted = mse
+        if min_snr_gamma is not None:
+            snr = self.snr(t)
+            weighted = mse * (snr.clamp(max=min_snr_gamma) / snr).to(mse.dtype)
+        return {"loss": weighted + vb, "mse": mse, "vb": vb}
 
     # ---------------------------------------------------------------------------------------------
     # Reverse steps on a respaced schedule
