@@ -154,3 +154,25 @@ def test_bad_input_is_one_error_line(folder: Path, tmp_path: Path, capsys: pytes
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_frechet_distance_matches_sqrtm_and_is_exact_when_covariances_are_singular():
+    import warnings
+
+    from scipy import linalg
+
+    from weightformer.generation.evaluation import frechet_distance
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(500, 8)) @ rng.normal(size=(8, 8))
+    b = rng.normal(size=(400, 8)) @ rng.normal(size=(8, 8)) + 0.5
+    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    reference = ((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(cov_a + cov_b - 2 * linalg.sqrtm(cov_a @ cov_b).real)
+    assert frechet_distance(a, b) == pytest.approx(reference, rel=1e-9)
+    # 20 samples in 64 dimensions: rank-19 covariances. Equal covariances leave only the mean term.
+    few = rng.normal(size=(20, 64))
+    shift = rng.normal(size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert frechet_distance(few, few + shift) == pytest.approx((shift ** 2).sum(), rel=1e-6)
+        assert abs(frechet_distance(few, few)) < 1e-6 * np.trace(np.cov(few, rowvar=False))
