@@ -52,7 +52,7 @@ def _add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="train in the latent space of the diffusers AutoencoderKL saved in this local folder "
                         "(e.g. stabilityai/sd-vae-ft-ema); latents are computed once and cached (default: pixel space)")
     p.add_argument("--min-snr-gamma", type=float, default=argparse.SUPPRESS, metavar="GAMMA",
-                   help="weight the epsilon loss by min(SNR, GAMMA)/SNR, Min-SNR (arXiv 2303.09556), e.g. 5 "
+                   help="weight the epsilon loss by min(SNR, GAMMA)/SNR, Min-SNR (arXiv 2303.09556), e.g. 1 or 5 "
                         f"{_recipe_default('min_snr_gamma').replace('None', 'off (uniform, as DiT)')}")
 
 
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="train a diffusion model (default: a small WF-DiT on the bundled MNIST)",
         description="Train WF-DiT or DiT with DiT's diffusion (linear betas, 1000 steps, learned sigma, hybrid "
                     "loss; --model-kwargs learn_sigma=False: fixed sigma, MSE loss). Without --data: the bundled "
-                    "MNIST at 28 px (--img-size 32 pads it for patches 2 and 8), a small-CPU recipe (fixed sigma, Min-SNR-5 loss weights) printed at the start. Models: wf_dit_{s,b,l,xl}_{2,4,8} and dit_{s,b,l,xl}_{2,4,8}."))
+                    "MNIST at 28 px (--img-size 32 pads it for patches 2 and 8), a small-CPU recipe (fixed sigma, Min-SNR loss weights with gamma 1) printed at the start. Models: wf_dit_{s,b,l,xl}_{2,4,8} and dit_{s,b,l,xl}_{2,4,8}."))
     sp = sub.add_parser("sample", help="draw class-conditional samples: OUT/samples.npz and OUT/grid.png",
                         description="Sample from a gen checkpoint (its EMA weights unless --no-ema).")
     sp.add_argument("--checkpoint", required=True, help="a last.pt or best.pt written by weightformer gen train")
