@@ -156,7 +156,7 @@ def test_bad_input_is_one_error_line(folder: Path, tmp_path: Path, capsys: pytes
     assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
 
 
-def test_frechet_distance_matches_sqrtm_and_is_exact_when_covariances_are_singular():
+def test_frechet_distance_matches_sqrtm_and_the_closed_form_when_covariances_are_singular():
     import warnings
 
     from scipy import linalg
