@@ -11,11 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from weightformer.engine import ConfigError, TrainConfig, parse_model_kwargs, resolve_config
+from weightformer.classification.config import ClassificationConfig
+from weightformer.classification.task import ClassificationTask
+from weightformer.engine import ConfigError, parse_model_kwargs, prepare_config
+from weightformer.engine.config import resolve_config as resolve_layers
 from weightformer.engine.config import validate_config
 
-FLOAT_SETTINGS = [name for name, hint in typing.get_type_hints(TrainConfig).items()
+FLOAT_SETTINGS = [name for name, hint in typing.get_type_hints(ClassificationConfig).items()
                   if hint in (float, typing.Optional[float])]
+
+
+def resolve_config(overrides: dict, config_file: Path | None = None, checkpoint_config: dict | None = None):
+    """A classification run's settings, as ``weightformer train`` resolves them (the checkpoint's saved
+    settings, when given, as the base layer)."""
+    if checkpoint_config is not None:
+        return resolve_layers(ClassificationConfig, checkpoint_config, (overrides,)), {}
+    prepared = prepare_config(overrides, str(config_file) if config_file else None, task=ClassificationTask)
+    return prepared.cfg, prepared.applied
 
 
 def _error(overrides: dict) -> str:
@@ -78,14 +90,13 @@ def _error(overrides: dict) -> str:
     ({"sched": "step"}, r"sched must be one of cosine, multistep, poly, got .step.$"),
     ({"decay_milestones": [11, 8]}, r"decay_milestones must be increasing positive epochs, e.g. \[8, 11\], got \(11.0, 8.0\)$"),
     ({"decay_milestones": [8, "x"]}, r"must be a list of numbers"),
-    ({"det_resize": "crop"}, r"det_resize must be lsj or shortest_edge"),
     ({"epochs": 0}, r"epochs must be at least 1"),
     ({"max_steps": 0}, r"max_steps must be at least 1, or null"),
     ({"workers": -1}, r"workers must be 0 \(load in the training process\) or more"),
     ({"img_size": 0}, r"img_size must be a positive number of pixels"),
     ({"device": "tpu"}, r"device must be auto, cuda or cpu, got 'tpu'$"),
-    ({"data": ""}, r"data must be a built-in data set such as mnist, or an ImageFolder path"),
-    ({"model": ""}, r"model must be a timm model name"),
+    ({"data": ""}, r"data must be a data folder or a built-in data set"),
+    ({"model": ""}, r"model must be a model name such as weightformer_tiny"),
     ({"model": "weightformer_tinny"}, r"'weightformer_tinny' is not a timm model; did you mean weightformer_tiny"),
     ({"resume": ""}, r"resume must be auto, a checkpoint path, or null"),
 ])
@@ -128,12 +139,12 @@ def test_edge_values_are_accepted(overrides: dict):
 
 
 def test_a_config_built_by_hand_is_checked_and_coerced():
-    cfg = validate_config(TrainConfig(data="/data/x", lr=1, train_scale=[0.5, 1]))
+    cfg = validate_config(ClassificationConfig(data="/data/x", lr=1, train_scale=[0.5, 1]))
     assert (cfg.lr, cfg.train_scale) == (1.0, (0.5, 1.0)) and isinstance(cfg.lr, float)
     with pytest.raises(ConfigError, match="'lr' must be a finite number, got inf"):
-        validate_config(TrainConfig(lr=math.inf))
+        validate_config(ClassificationConfig(lr=math.inf))
     with pytest.raises(ConfigError, match=r"opt 'foo' is not a timm optimizer"):
-        validate_config(TrainConfig(opt="foo"))
+        validate_config(ClassificationConfig(opt="foo"))
 
 
 def test_bad_values_in_a_config_file_or_checkpoint_are_refused(tmp_path: Path):

@@ -19,7 +19,7 @@ import torch
 from weightformer.engine import train
 
 config = json.loads(sys.argv[1])
-result = train(config)
+result = train(config, task="classification")
 digest = hashlib.sha256()
 for name, tensor in sorted(result.model.state_dict().items()):
     digest.update(name.encode())

@@ -12,7 +12,12 @@ import torch
 from PIL import Image
 
 import weightformer  # noqa: F401  (registers the models)
-from weightformer.classification.predict import EXIT_SKIPPED, main
+from weightformer.classification.predict import EXIT_SKIPPED
+from weightformer.cli import main as weightformer_main
+
+
+def main(argv):
+    return weightformer_main(["predict", *argv])
 
 CLASSES = ["circle", "square", "triangle"]
 

@@ -35,7 +35,7 @@ def uninterrupted(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     output = tmp_path_factory.mktemp("uninterrupted")
     config = tiny_config(folder, output, model_kwargs={"patch_size": 4, "embed_dim": 32, "depth": 3, "drop_path_rate": 0.2},
                          **RANDOM_EVERYTHING)
-    result = train(config)
+    result = train(config, task="classification")
     assert result.global_step == 12 and result.stopped_by is None
     return output
 
@@ -47,14 +47,14 @@ def _config(folder: Path, output: Path, **overrides):
 
 @pytest.mark.parametrize("stop_at", [4, 6])  # mid-epoch, and at an epoch boundary
 def test_max_steps_then_resume_matches_uninterrupted(folder: Path, uninterrupted: Path, tmp_path: Path, stop_at: int):
-    first = train(_config(folder, tmp_path, max_steps=stop_at))
+    first = train(_config(folder, tmp_path, max_steps=stop_at), task="classification")
     assert first.global_step == stop_at
     saved = torch.load(tmp_path / "last.pt", weights_only=True)
     assert (saved["epoch"], saved["step_in_epoch"]) == ((0, stop_at) if stop_at < 6 else (1, 0))
 
     # Resume with only the folder: the checkpoint's own config (minus max_steps) applies, and a
     # different worker count must not change the data or the augmentation.
-    second = train({"output": str(tmp_path), "resume": "auto", "workers": 1})
+    second = train({"output": str(tmp_path), "resume": "auto", "workers": 1}, task="classification")
     assert second.global_step == 12
     for key in ("model", "ema"):
         assert_same_weights(weights(tmp_path / "last.pt", key), weights(uninterrupted / "last.pt", key))
@@ -79,10 +79,10 @@ def test_stop_flag_saves_and_resume_matches(folder: Path, uninterrupted: Path, t
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
-    result = train(_config(folder, tmp_path), stop=stop)
+    result = train(_config(folder, tmp_path), stop=stop, task="classification")
     monkeypatch.undo()
     assert result.stopped_by == "SIGTERM" and result.global_step == 9
-    train({"output": str(tmp_path), "resume": "auto"})
+    train({"output": str(tmp_path), "resume": "auto"}, task="classification")
     assert_same_weights(weights(tmp_path / "last.pt"), weights(uninterrupted / "last.pt"))
 
 
@@ -90,7 +90,7 @@ def test_sigint_subprocess_saves_checkpoint_and_resumes(folder: Path, tmp_path: 
     """A real SIGINT to ``weightformer train``: exit code 130, a checkpoint, and an exact resume."""
     reference = tmp_path / "reference"
     long_run = dict(epochs=4, log_interval=1)
-    train(_config(folder, reference, **long_run))
+    train(_config(folder, reference, **long_run), task="classification")
 
     interrupted = tmp_path / "interrupted"
     cmd = [sys.executable, "-m", "weightformer", "train", "--data", str(folder), "--output", str(interrupted),
@@ -113,5 +113,5 @@ def test_sigint_subprocess_saves_checkpoint_and_resumes(folder: Path, tmp_path: 
     saved = torch.load(interrupted / "last.pt", weights_only=True)
     assert 0 < saved["global_step"] < 24
 
-    train({"output": str(interrupted), "resume": "auto"})
+    train({"output": str(interrupted), "resume": "auto"}, task="classification")
     assert_same_weights(weights(interrupted / "last.pt"), weights(reference / "last.pt"))

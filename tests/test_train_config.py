@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from weightformer.engine import ConfigError, TrainConfig, parse_model_kwargs, resolve_config
+from weightformer.classification import recipes
+from weightformer.classification.config import ClassificationConfig
+from weightformer.classification.task import ClassificationTask
+from weightformer.engine import ConfigError, parse_model_kwargs, prepare_config, resolve_config
 from weightformer.engine.config import scaled_learning_rates
 from weightformer.models import WeightFormer
 
@@ -34,13 +37,31 @@ VARIANTS = [  # variant, model, img_size (DATA.IMG_SIZE), drop_path_rate (MODEL.
 ]
 
 
-def _shipped(variant: str):
-    return resolve_config({"data": "/data/imagenet"}, CONFIGS / f"imagenet_weightformer_{variant}.yaml")
+@pytest.fixture
+def imagenet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ImageFolder tree that counts as ImageNet-scale (the threshold lowered to its one image)."""
+    (tmp_path / "imagenet" / "train" / "n01440764").mkdir(parents=True)
+    (tmp_path / "imagenet" / "train" / "n01440764" / "a.JPEG").write_bytes(b"")
+    monkeypatch.setattr(recipes, "FULL_SCALE_IMAGES", 1)
+    return tmp_path / "imagenet"
+
+
+def _resolve(overrides: dict, config_file: Path | None = None):
+    prepared = prepare_config(overrides, str(config_file) if config_file else None, task=ClassificationTask)
+    return prepared.cfg, prepared.applied
+
+
+def _shipped(variant: str, data: Path):
+    prepared = prepare_config({"data": str(data)}, str(CONFIGS / f"imagenet_weightformer_{variant}.yaml"),
+                              task=ClassificationTask)
+    assert prepared.recipe.recipe is recipes.IMAGENET
+    return prepared.cfg, prepared.applied
 
 
 @pytest.mark.parametrize("variant, model, img_size, drop_path, amp", VARIANTS)
-def test_shipped_configs_are_the_release_recipe(variant: str, model: str, img_size: int, drop_path: float, amp: str):
-    cfg, applied = _shipped(variant)
+def test_shipped_configs_are_the_release_recipe(variant: str, model: str, img_size: int, drop_path: float, amp: str,
+                                                imagenet: Path):
+    cfg, applied = _shipped(variant, imagenet)
     assert applied == {}  # no small-image defaults leak into an ImageNet run
     assert {name: getattr(cfg, name) for name in RELEASE} == RELEASE
     assert (cfg.model, cfg.img_size, cfg.amp, cfg.crop_mode) == (model, img_size, amp, "squash")
@@ -49,14 +70,14 @@ def test_shipped_configs_are_the_release_recipe(variant: str, model: str, img_si
 
 
 @pytest.mark.parametrize("variant", ["t", "s", "b"])
-def test_shipped_configs_run_the_release_schedule_at_its_batch(variant: str):
-    cfg, _ = _shipped(variant)
+def test_shipped_configs_run_the_release_schedule_at_its_batch(variant: str, imagenet: Path):
+    cfg, _ = _shipped(variant, imagenet)
     assert RELEASE_EFFECTIVE == {"lr": 2e-3, "min_lr": 2e-5, "warmup_lr": 2e-6}
     assert scaled_learning_rates(cfg, cfg.batch_size * RELEASE_GPUS) == RELEASE_EFFECTIVE
 
 
 def test_defaults_are_the_release_recipe_for_t():
-    cfg = TrainConfig()
+    cfg = ClassificationConfig()
     assert {name: getattr(cfg, name) for name in RELEASE} == RELEASE
     assert (cfg.model, cfg.model_kwargs) == ("weightformer_tiny", {})
     defaults = inspect.signature(WeightFormer).parameters  # no kwargs: the model's dropouts, all 0.0 as in T
@@ -64,27 +85,27 @@ def test_defaults_are_the_release_recipe_for_t():
 
 
 def test_every_learning_rate_scales_with_the_total_batch():
-    cfg = TrainConfig(lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
+    cfg = ClassificationConfig(lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
     assert scaled_learning_rates(cfg, 512) == {"lr": 1e-3, "min_lr": 1e-5, "warmup_lr": 1e-6}
     assert scaled_learning_rates(cfg, 128) == {"lr": 2.5e-4, "min_lr": 2.5e-6, "warmup_lr": 2.5e-7}
 
 
 def test_mnist_defaults_apply_under_flags():
-    cfg, applied = resolve_config({"epochs": 2, "model_kwargs": {"depth": 3}})
+    cfg, applied = _resolve({"epochs": 2, "model_kwargs": {"depth": 3}})
     assert cfg.data == "mnist" and cfg.epochs == 2 and cfg.img_size == 28
     assert cfg.model_kwargs["patch_size"] == 4 and cfg.model_kwargs["depth"] == 3
     assert "epochs" not in applied and "depth" not in applied["model_kwargs"]
 
 
 def test_another_model_drops_the_weightformer_kwargs():
-    cfg, _ = resolve_config({"model": "deit_tiny_patch16_224", "model_kwargs": {"drop_path_rate": 0.1}})
+    cfg, _ = _resolve({"model": "deit_tiny_patch16_224", "model_kwargs": {"drop_path_rate": 0.1}})
     assert cfg.model_kwargs == {"drop_path_rate": 0.1}
 
 
-def test_checkpoint_config_is_the_base_when_resuming():
-    saved = {"data": "/data/x", "epochs": 5, "max_steps": 3, "output": "/old", "lr": 1e-3}
-    cfg, _ = resolve_config({"epochs": 7}, checkpoint_config=saved)
-    assert (cfg.data, cfg.epochs, cfg.lr, cfg.max_steps, cfg.output) == ("/data/x", 7, 1e-3, None, None)
+def test_a_base_layer_is_overridden_by_flags_and_its_stale_keys_dropped():
+    saved = {"data": "/data/x", "epochs": 5, "lr": 1e-3, "cascade": True}  # cascade: another task's setting
+    cfg = resolve_config(ClassificationConfig, saved, ({"epochs": 7},))
+    assert (cfg.data, cfg.epochs, cfg.lr) == ("/data/x", 7, 1e-3)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -95,7 +116,7 @@ def test_checkpoint_config_is_the_base_when_resuming():
 ])
 def test_bad_settings_name_the_value(overrides: dict, message: str):
     with pytest.raises(ConfigError, match=message):
-        resolve_config(overrides)
+        _resolve(overrides)
 
 
 def test_model_kwargs_are_yaml_values():
@@ -107,8 +128,8 @@ def test_model_kwargs_are_yaml_values():
 
 def test_config_file_errors(tmp_path: Path):
     with pytest.raises(ConfigError, match="does not exist"):
-        resolve_config({}, tmp_path / "nope.yaml")
+        _resolve({}, tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
-        resolve_config({}, bad)
+        _resolve({}, bad)

@@ -5,6 +5,7 @@ Importing the package registers ``weightformer_tiny``, ``weightformer_small`` an
 """
 
 from . import checkpoint  # noqa: F401  (reads the authors' pickled yacs config safely)
+from . import tasks  # noqa: F401  (registers the built-in tasks with the engine, by import path)
 from .layers import DynamicDWConv, DynamicLinear, attention_as_mlp
 from .models import WeightFormer
 

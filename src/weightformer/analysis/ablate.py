@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from ..engine.config import FIELDS, resolve_config
+from ..classification.config import ClassificationConfig
+from ..engine.config import config_fields, resolve_config
 from ..engine.errors import ConfigError
 
 __all__ = ["AblationConfig", "load_ablation", "main", "measure_cost", "run_ablation", "summarise"]
@@ -56,8 +57,8 @@ def _check_settings(values: Any, where: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a mapping of training settings, got {values!r}")
     for key in values:
-        if key not in FIELDS or key in ("output", "seed", "resume", "overwrite"):
-            raise ConfigError(f"{where}: {key!r} is not a setting a variant may set; use TrainConfig settings "
+        if key not in config_fields(ClassificationConfig) or key in ("output", "seed", "resume", "overwrite"):
+            raise ConfigError(f"{where}: {key!r} is not a setting a variant may set; use classification settings "
                               f"other than output, seed, resume and overwrite (the runner sets those)")
     return values
 
@@ -126,7 +127,7 @@ def train_one(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]
     settings = run_settings(config, variant, seed)
     folder = Path(settings["output"])
     start = time.perf_counter()
-    result = train(settings)
+    result = train(settings, task="classification")
     if result.stopped_by is not None:
         raise KeyboardInterrupt  # the run saved last.pt; the next `weightformer ablate` resumes it
     last, best, epochs = _last_and_best(folder / "metrics.jsonl")
@@ -242,7 +243,7 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None) -> l
         raise ConfigError(f"--only {', '.join(missing)}: not a variant of {config.source}; choose from "
                           f"{', '.join(config.variants)}")
     for variant in variants:  # every setting checked before the first run, not when its turn comes
-        resolve_config(run_settings(config, variant, config.seeds[0]))
+        resolve_config(ClassificationConfig, None, (run_settings(config, variant, config.seeds[0]),))
     runs = [(v, s) for v in variants for s in config.seeds]
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for variant, seed in tqdm(runs, desc=f"ablation {config.name}", unit="run"):
@@ -267,7 +268,7 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None) -> l
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``weightformer ablate CONFIG.yaml [--only V ...] [--output DIR]``."""
-    from ..cli import run_reporting_errors
+    from ..engine.cli import run_reporting_errors
 
     parser = argparse.ArgumentParser(
         prog="weightformer ablate",

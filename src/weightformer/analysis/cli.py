@@ -57,21 +57,16 @@ def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module,
 
     import weightformer  # noqa: F401  (registers the WeightFormer models)
 
-    from ..engine import build_model, load_model_state, read_checkpoint
-    from ..engine.state import model_state_from
+    from ..engine.weights import load_model
 
     check_spec(spec)
     name, _, text = spec.partition(":")
     if name.startswith("ckpt="):
         path = name[len("ckpt="):]
-        ckpt = read_checkpoint(path)
-        meta = ckpt.get("meta")
-        if not isinstance(meta, dict):
-            raise ConfigError(f"{path} holds no model description (meta); pass a last.pt or best.pt of weightformer train")
-        model = build_model(meta)
-        load_model_state(model, model_state_from(ckpt, source=path), source=path)
-        return model, {"checkpoint": path, "model": meta["model"], "model_kwargs": meta["model_kwargs"],
-                       "in_chans": meta["in_chans"]}
+        loaded = load_model(path, task="classification")
+        meta = loaded.meta
+        return loaded.model, {"checkpoint": path, "model": meta["model"], "model_kwargs": meta["model_kwargs"],
+                              "in_chans": meta["in_chans"]}
     kwargs = parse_model_kwargs([item for item in text.split(",") if item], flag=f"--model {name}:")
     cfg = timm.models.get_pretrained_cfg(name)
     if name.startswith("weightformer") or (cfg is not None and cfg.fixed_input_size):  # position embeddings fix it
@@ -209,7 +204,7 @@ def _interaction_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``weightformer analyze erf | updates | interaction ...``."""
-    from ..cli import run_reporting_errors
+    from ..engine.cli import run_reporting_errors
 
     parser = argparse.ArgumentParser(prog="weightformer analyze", description="Analysis tools.")
     sub = parser.add_subparsers(dest="tool", required=True)

@@ -1,10 +1,10 @@
-"""``weightformer predict``: the top-k classes of image files, or of every image in folders.
+"""Prediction: the top-k classes of image files, or of every image in folders (``weightformer predict``).
 
 Class names come from the checkpoint (the class folders it was trained on), from the model's
 pretrained config (``label_names``, as a Hub export carries them), or, for ImageNet classifiers,
 from timm's :class:`~timm.data.ImageNetInfo`. Images are preprocessed as the model was evaluated
-(:func:`weightformer.engine.evaluate.evaluate_checkpoint`'s transform). Files that cannot be read
-are skipped and listed; the exit code then is :data:`EXIT_SKIPPED`.
+(:func:`weightformer.classification.evaluate.evaluate_checkpoint`'s transform). Files that cannot be read
+are skipped and listed (``weightformer predict`` then exits with :data:`EXIT_SKIPPED`).
 """
 
 from __future__ import annotations
@@ -25,16 +25,13 @@ from timm.data import ImageNetInfo, create_transform, infer_imagenet_subset
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..cli import run_reporting_errors
 from ..data.errors import DataError
 from ..data.folder import DECODE_ERRORS, IMG_EXTENSIONS, list_images, rgb_loader
-from ..engine.config import parse_model_kwargs
-from ..engine.errors import ConfigError
-from ..engine.evaluate import eval_transform_config
+from ..engine.weights import LoadedModel
 from ..export.files import output_file
-from ..export.source import LoadedModel, load_classifier
+from .evaluate import eval_transform_config
 
-__all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "image_paths", "main", "predict", "write_predictions"]
+__all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "image_paths", "predict", "write_predictions"]
 
 EXIT_SKIPPED = 3  # every readable image was predicted, and some files were not images that could be read
 
@@ -149,72 +146,3 @@ def write_predictions(result: Predictions, path: Path, overwrite: bool = False) 
         text = json.dumps({"predictions": records, "skipped": result.skipped}, indent=2) + "\n"
     with output_file(path, overwrite) as tmp:
         tmp.write_text(text, encoding="utf-8")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="weightformer predict",
-        description="Top-k classes of images (files, or folders searched recursively), with class names. "
-                    f"Exit code 0: all files read; {EXIT_SKIPPED}: some were unreadable (listed, left out); "
-                    "2: a usage error.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
-    p.add_argument("--checkpoint", help="a last.pt/best.pt from train (it names its model and classes), or any "
-                                        "weights file with --model")
-    p.add_argument("--model", help="timm model name: with --pretrained, or for a checkpoint that does not name one")
-    p.add_argument("--pretrained", action="store_true", help="use timm's pretrained weights of --model")
-    p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=[],
-                   help="keyword arguments for timm.create_model")
-    p.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
-    p.add_argument("--top-k", type=int, default=5, help="classes shown per image (default: 5)")
-    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default: 32)")
-    p.add_argument("--img-size", type=int, help="resolution (default: the checkpoint's, else the model's)")
-    p.add_argument("--workers", type=int, default=0, help="image-decoding processes (default: 0, this one)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--out", help="also write the predictions to this .csv or .json file")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    return p
-
-
-def _check_arguments(args: argparse.Namespace) -> None:
-    for flag, value, least in (("--top-k", args.top_k, 1), ("--batch-size", args.batch_size, 1),
-                               ("--workers", args.workers, 0), ("--img-size", args.img_size or 1, 1)):
-        if value < least:
-            raise ConfigError(f"{flag} must be at least {least}, got {value}")
-    if args.checkpoint and args.pretrained:
-        raise ConfigError("--checkpoint and --pretrained both give weights; pass one of them")
-    if args.checkpoint is None and not (args.model and args.pretrained):
-        raise ConfigError("no model given; pass --checkpoint PATH, or --model NAME --pretrained")
-    if args.out and Path(args.out).suffix.lower() not in (".csv", ".json"):
-        raise ConfigError(f"--out {args.out} must end in .csv or .json")
-
-
-def _run(args: argparse.Namespace) -> int:
-    _check_arguments(args)
-    if args.out:
-        from ..export.files import check_output
-
-        check_output(Path(args.out), args.overwrite, folder=False)  # before the work
-    files = image_paths(args.paths)
-    loaded = load_classifier(args.checkpoint, args.model, args.pretrained,
-                             parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"), args.ema)
-    result = predict(loaded, files, args.top_k, args.batch_size, args.img_size, args.workers, args.device)
-    for file, top in result.rows:
-        print(f"{file}: " + ", ".join(f"{name} {100 * p:.1f}%" for _, name, p in top))
-    if not result.rows:
-        raise DataError(f"none of the {len(files)} file(s) could be read as an image; pass image files")
-    print(f"{len(result.rows)} image(s) in {result.seconds:.2f} s ({len(result.rows) / max(result.seconds, 1e-9):.1f} "
-          f"img/s), model {loaded.meta['model']} from {loaded.source}", file=sys.stderr)
-    if args.out:
-        write_predictions(result, Path(args.out), overwrite=args.overwrite)
-        print(f"wrote {args.out}", file=sys.stderr)
-    if result.skipped:
-        print(f"skipped {len(result.skipped)} unreadable file(s):", file=sys.stderr)
-        for path in result.skipped:
-            print(f"  {path}", file=sys.stderr)
-        return EXIT_SKIPPED
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    return run_reporting_errors(lambda: _run(args))

@@ -1,11 +1,11 @@
-"""Classification as a task of the shared loop: ImageFolder or built-in data with timm's transforms,
-any timm model, Mixup/CutMix with smoothed cross-entropy, and top-1/top-5 evaluation."""
+"""Classification as a task: ImageFolder or built-in data with timm's transforms, any timm model,
+Mixup/CutMix with smoothed cross-entropy, top-1/top-5 evaluation, and ``weightformer train|eval|predict``
+(also ``weightformer cls ...``)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
-import timm
 import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
@@ -15,32 +15,71 @@ from torch.utils.data import DataLoader, Dataset
 from ..checkpoint import CheckpointError
 from ..data import ArrayImageDataset, DataInfo, SeededTransformDataset, open_dataset, precompute
 from ..data.transforms import build_transforms, eval_data_config
-from ..engine.config import TrainConfig
 from ..engine.distributed import DistInfo
-from ..engine.errors import ConfigError
-from ..engine.evaluate import evaluate
-from ..engine.state import build_model, check_input_size
-from ..engine.task import Task, TaskData
+from ..engine.recipes import Recipe, RecipeChoice
+from ..engine.task import Command, Task, TaskData
+from . import recipes
+from .config import ClassificationConfig
+from .evaluate import evaluate
+from .model import build_classifier, check_input_size, pretrained_cfg
 
 __all__ = ["ClassificationTask"]
-
-
-def pretrained_cfg(model_name: str) -> dict[str, Any]:
-    """timm's pretrained config of ``model_name`` as a dict ({} if it has none)."""
-    if not timm.is_model(model_name):
-        raise ConfigError(f"unknown timm model {model_name!r}; list names with timm.list_models('*{model_name[:6]}*')")
-    cfg = timm.models.get_pretrained_cfg(model_name)
-    return cfg.to_dict() if cfg is not None else {}
 
 
 class ClassificationTask(Task):
     """Train a timm classifier; validation uses the model's own evaluation preprocessing."""
 
     name = "classification"
+    cli_name = "cls"
+    summary = "Image classification: any timm model (default: WeightFormer) on an ImageFolder tree or a bundled set."
+    config_class = ClassificationConfig
     best_metric = "top1"
     curve_metrics = ("top1", "top5")
+    backbone_path = ""  # the classifier is its own backbone: --layer-decay decays its blocks
 
-    def __init__(self, cfg: TrainConfig):
+    cfg: ClassificationConfig
+
+    @classmethod
+    def command(cls) -> str:
+        return "weightformer"  # weightformer train|eval|predict (weightformer cls ... is the same)
+
+    @classmethod
+    def recipes(cls) -> Sequence[Recipe]:
+        return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
+
+    @classmethod
+    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
+        return recipes.choose_recipe(data, settings)
+
+    @classmethod
+    def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
+        return build_classifier(meta, pretrained=bool(meta.get("pretrained")))
+
+    @classmethod
+    def meta_for_weights(cls, checkpoint: str, state: Mapping[str, Tensor], model: Optional[str],
+                         model_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The architecture the user named, with the class and channel counts read off the weights'
+        classifier and stem (timm's pretrained config's for a pretrained model)."""
+        if model is None:
+            raise CheckpointError(f"{checkpoint} does not say which model it holds; pass --model NAME")
+        cfg = pretrained_cfg(model)
+        meta: dict[str, Any] = {"task": cls.name, "model": model, "model_kwargs": dict(model_kwargs),
+                                "num_classes": cfg.get("num_classes") or 1000, "in_chans": 3}
+        head = state.get(f"{cfg.get('classifier', 'head')}.weight")
+        if head is not None and head.dim() == 2:
+            meta["num_classes"] = head.shape[0]  # (classes, features)
+        stem = state.get(f"{cfg.get('first_conv', 'patch_embed.proj')}.weight")
+        if stem is not None and stem.dim() == 4:
+            meta["in_chans"] = stem.shape[1]  # (out, in_chans, kh, kw)
+        return meta
+
+    @classmethod
+    def commands(cls) -> Sequence[Command]:
+        from .cli import COMMANDS
+
+        return COMMANDS
+
+    def __init__(self, cfg: ClassificationConfig):
         super().__init__(cfg)
         self.info: Optional[DataInfo] = None
         self.img_size = cfg.img_size or 224
@@ -95,7 +134,7 @@ class ClassificationTask(Task):
             "classes": list(info.classes), "mean": list(info.mean), "std": list(info.std),
             "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": self.eval_config["crop_mode"],
         }
-        model = build_model(meta).to(device)
+        model = build_classifier(meta).to(device)
         check_input_size(model, meta, device)
         return model, meta
 

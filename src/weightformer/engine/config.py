@@ -1,130 +1,169 @@
-"""Training settings: one dataclass of plain values, layered from defaults, data set, file and flags.
+"""Run settings: one dataclass of plain values per task, layered from a recipe, a checkpoint, a file and flags.
 
-Resolution order, later wins: the dataclass defaults (the release's ImageNet recipe for
-WeightFormer-T), a built-in data set's defaults (for ``mnist``: a small model for 28 px digits), the
-config saved in the checkpoint being resumed, the ``--config`` YAML file, then command-line flags.
-Every value is then checked (:func:`validate_config`): a bad one is a one-line ConfigError.
+:class:`TrainConfig` holds what every run has (data, model, schedule, optimizer, precision, run folder).
+A task adds its own section by subclassing it (``ClassificationConfig(TrainConfig)`` adds the
+augmentation fields, ``DetectionConfig`` the detector's, ...), with each field's help, command-line
+flag and rule beside it: :func:`setting` declares a field, ``RULES`` lists what each value must be,
+and :meth:`TrainConfig.check` is the hook for checks that span fields or need a library.
+
+Resolution order, later wins (:func:`resolve_config`): the dataclass defaults, the task's recipe for
+the data (or, when resuming, the run's own saved config instead), the ``--config`` YAML file, then
+the flags. Every value is then checked: a bad one is a one-line :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
-import timm
 import yaml
-from timm.data import create_transform
-from timm.data.transforms import _str_to_torch_interpolation
 from timm.optim import get_optimizer_class, list_optimizers
 
-from ..data import builtin_defaults
 from .errors import ConfigError
 
 __all__ = [
-    "TrainConfig", "load_config_file", "parse_model_kwargs", "resolve_config", "scaled_learning_rates", "validate_config",
+    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "check_layer", "config_fields", "load_config_file", "parse_model_kwargs", "resolve_config",
+    "scaled_learning_rates", "setting", "validate_config",
 ]
 
 SCHEDULES = ("cosine", "multistep", "poly")  # timm's schedulers that the loop offers
 REFERENCE_BATCH = 512  # lr, min_lr and warmup_lr are given for this total batch and scaled linearly
 
 
+def setting(default: Any = dataclasses.MISSING, *, help: Optional[str] = None, flag: Optional[str] = None,
+            choices: Optional[tuple[Any, ...]] = None, metavar: Optional[str] = None,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with what its command-line flag needs: ``help`` (a field without help has no flag
+    of its own and is set with ``--set name=value``), the flag's name (default ``--field-name``; a
+    ``--no-...`` name on a field that defaults to True turns it off), ``choices`` and ``metavar``."""
+    metadata = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _probability(value: float) -> bool:
+    return 0 <= value <= 1
+
+
 @dataclass
 class TrainConfig:
-    """Every setting of a training run. Defaults are the release's ImageNet recipe for WeightFormer-T.
-
-    The recipe is that of the authors' code (github.com/LeapLabTHU/WeightFormer: config.py defaults
-    and cfg/wfm_t.yaml), trained there on 8 GPUs x 256 images.
-    """
+    """The settings every run has, whatever its task. Defaults are neutral; a task's recipe for its data
+    sets the values that matter (see the task's ``recipes``)."""
 
     # data
-    data: str = "mnist"  # a built-in data set name, or an ImageFolder tree with train/ and val/
-    img_size: Optional[int] = None  # None: the data set's size (28 for mnist), else 224
-    workers: int = 8  # data-loading processes per training process
+    data: str = setting("", help="the data: a folder in the task's layout, or a built-in data set")
+    img_size: Optional[int] = setting(None, help="training and evaluation resolution in pixels "
+                                                 "(default: the recipe's, else the data set's)")
+    workers: int = setting(8, help="data-loading processes per training process")
     verify_images: bool = True  # open every image once at start-up and skip unreadable ones
+    hflip: float = setting(0.5, help="probability of a horizontal flip in training")
+    no_aug: bool = False  # train on the evaluation transform (only flips, where the task uses them)
     # model
-    model: str = "weightformer_tiny"  # any timm model name
-    # Passed to timm.create_model, with timm's meanings: drop_rate is dropout before the classifier
-    # head, proj_drop_rate dropout inside each MLP (the release's DROP_RATE), drop_path_rate the
-    # stochastic depth of the last block. WeightFormer's defaults (all 0.0) are the release's T.
+    model: str = setting("weightformer_tiny", help="the model (a timm name for the backbone tasks)")
+    # Keyword arguments of the model builder (timm.create_model's, for the backbone tasks).
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     # optimisation
-    epochs: int = 300
-    max_steps: Optional[int] = None  # stop after this many optimizer steps (the schedule is unchanged)
-    batch_size: int = 256  # per process; the release used 8 GPUs x 256 = 2048
+    epochs: int = setting(300, help="length of the schedule in epochs")
+    max_steps: Optional[int] = setting(None, help="stop after this many optimizer steps; the schedule is unchanged "
+                                                  "(smoke tests)")
+    batch_size: int = setting(256, help="samples per step and process; capped at the samples a process sees")
     # The three learning rates are for a total batch of 512; the run scales each of them linearly,
     # to value * batch_size * world_size / 512 (see scaled_learning_rates), as the release does.
-    lr: float = 5e-4
-    min_lr: float = 5e-6  # the cosine schedule's final value
+    lr: float = setting(5e-4, help="learning rate for a total batch of 512, scaled linearly to the real one")
+    min_lr: float = 5e-6  # the schedule's final value
     warmup_lr: float = 5e-7  # the value the linear warm-up starts from
-    warmup_epochs: float = 20  # fractions allowed: ViTDet warms up for 250 steps, 0.136 of its epochs
+    warmup_epochs: float = setting(20, help="epochs of linear warm-up (fractions allowed)")
     sched: str = "cosine"  # cosine; multistep (x decay_rate at each of decay_milestones); poly (power decay_rate)
     decay_milestones: tuple[float, ...] = ()  # multistep: the epochs (fractions allowed) of each decay
     decay_rate: float = 0.1  # multistep: the factor of each decay; poly: the power (timm's meanings)
     weight_decay: float = 0.05  # not applied to norms and biases
+    layer_decay: Optional[float] = setting(None, help="layer-wise learning-rate decay of the backbone's blocks, "
+                                                      "e.g. 0.75")
     opt: str = "adamw"  # any name in timm.optim.list_optimizers(), optionally lookahead_<name>
     clip_grad: Optional[float] = 5.0  # max gradient norm; None disables clipping
-    # regularisation and augmentation
-    no_aug: bool = False  # train on the eval transform (resize, crop, normalise); mixup still applies
-    smoothing: float = 0.1
-    mixup: float = 0.8  # Beta alpha; 0 turns mixup off
-    cutmix: float = 1.0  # Beta alpha; 0 turns cutmix off
-    auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1"  # a timm RandAugment/AugMix/AutoAugment string
-    reprob: float = 0.25  # random erasing probability
-    color_jitter: float = 0.4  # timm applies it only without auto_augment (or with a "3a" policy)
-    hflip: float = 0.5
-    train_scale: tuple[float, float] = (0.08, 1.0)  # RandomResizedCrop area range
-    interpolation: str = "bicubic"
-    crop_pct: float = 0.875  # eval: resize to img_size / crop_pct, centre-crop img_size
-    crop_mode: Optional[str] = None  # eval resize: center, squash or border; None: the model's pretrained config
-    ema: bool = False  # the release keeps no EMA
+    ema: bool = setting(False, help="keep an EMA of the weights")
     ema_decay: float = 0.99996
-    # dense tasks (detection, segmentation)
-    num_classes: Optional[int] = None  # None: the data's (COCO categories; 150 for ADE20K-layout segmentation)
-    reduce_zero_label: bool = True  # segmentation: label 0 is "unlabelled" and ignored, 1..K become 0..K-1
-    layer_decay: Optional[float] = None  # layer-wise LR decay of the backbone, e.g. 0.75; None: off
-    cascade: bool = False  # detection: Cascade Mask R-CNN (3 stages) instead of Mask R-CNN
-    seg_inference: str = "whole"  # segmentation evaluation: whole images, or slide (overlapping crops)
-    seg_crop: int = 512  # sliding-window crop
-    seg_stride: int = 341  # sliding-window stride
-    det_resize: str = "lsj"  # detection: lsj (jitter, img_size² crops; ViTDet) or shortest_edge (the 1x schedule's)
-    det_max_size: int = 1333  # detection, shortest_edge: the long side's limit (the short side is img_size)
-    # generation
-    vae: Optional[str] = None  # a local diffusers AutoencoderKL folder: train in its latent space; None: pixels
-    min_snr_gamma: Optional[float] = None  # weight L_simple by min(SNR_t, gamma)/SNR_t (Min-SNR); None: DiT's uniform
     # systems
-    amp: str = "none"  # none, bf16 or fp16 (fp16 needs a GPU); the release's T and S use fp16
-    compile: bool = False
-    grad_checkpointing: bool = False  # recompute block activations in backward: less memory, ~30% slower
-    device: str = "auto"  # auto (cuda if available), cuda or cpu
-    deterministic: bool = False
-    seed: int = 0  # 0 .. 2**32 - 1; each process adds its rank
-    output: Optional[str] = None  # None: runs/<data>_<model>
-    resume: Optional[str] = None  # "auto" (last.pt in output, if any) or a checkpoint path
-    init: Optional[str] = None  # start a new run from these weights (any checkpoint format)
-    overwrite: bool = False  # start anew in an output folder that holds a run (its files are kept, renamed)
-    log_interval: int = 50  # steps between plain log lines when stdout is not a terminal
+    amp: str = setting("none", help="mixed precision (fp16 needs a GPU)", choices=("none", "bf16", "fp16"))
+    compile: bool = setting(False, help="torch.compile the model")
+    grad_checkpointing: bool = setting(False, help="recompute activations in backward: much less memory, about "
+                                                   "30%% slower")
+    device: str = setting("auto", help="auto: cuda if available", choices=("auto", "cuda", "cpu"))
+    deterministic: bool = setting(False, help="deterministic algorithms; on CPU a resumed run then equals an "
+                                              "uninterrupted one exactly")
+    seed: int = setting(0, help="random seed, 0 to 2**32-1; each process adds its rank")
+    output: Optional[str] = setting(None, help="run folder (default: runs/<prefix><data>_<model>)")
+    resume: Optional[str] = setting(None, help="continue a run: auto (last.pt in --output, if any) or a last.pt file",
+                                    metavar="{auto,PATH}")
+    init: Optional[str] = setting(None, help="start a new run from the weights in PATH (any checkpoint: ours, the "
+                                             "authors', timm's, .safetensors)", metavar="PATH")
+    overwrite: bool = setting(False, help="start anew in an --output folder that holds a run; its files move to "
+                                          "previous-<time>/")
+    log_interval: int = setting(50, help="steps between log lines when not on a terminal")
+
+    # (setting, test of a value of the right type, what the value must be), checked in this order.
+    # A subclass lists its own fields' rules in its own RULES; every class's rules apply.
+    RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
+        ("data", bool, "a data folder or a built-in data set (--data PATH)"),
+        ("model", bool, "a model name such as weightformer_tiny"),
+        ("img_size", lambda v: v is None or v >= 1, "a positive number of pixels, or null for the recipe's size"),
+        ("workers", lambda v: v >= 0, "0 (load in the training process) or more"),
+        ("hflip", _probability, "a probability in [0, 1]"),
+        ("epochs", lambda v: v >= 1, "at least 1"),
+        ("max_steps", lambda v: v is None or v >= 1, "at least 1, or null for no limit"),
+        ("batch_size", lambda v: v >= 1, "at least 1"),
+        ("lr", lambda v: v > 0, "positive"),
+        ("min_lr", lambda v: v >= 0, "0 or more"),
+        ("warmup_lr", lambda v: v >= 0, "0 or more"),
+        ("warmup_epochs", lambda v: v >= 0, "0 (no warm-up) or more"),
+        ("sched", lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+        ("decay_milestones", lambda v: all(a < b for a, b in zip((0.0, *v), v)), "increasing positive epochs, e.g. [8, 11]"),
+        ("decay_rate", lambda v: v > 0, "positive: the multistep factor (e.g. 0.1) or the poly power (e.g. 1.0)"),
+        ("weight_decay", lambda v: v >= 0, "0 (none) or more"),
+        ("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1], such as 0.75, or null for none"),
+        ("clip_grad", lambda v: v is None or v > 0, "a positive gradient norm, or null for no clipping"),
+        ("ema_decay", lambda v: 0 < v < 1, "in (0, 1), such as 0.99996"),
+        ("amp", lambda v: v in ("none", "bf16", "fp16"), "none, bf16 or fp16"),
+        ("device", lambda v: v in ("auto", "cuda", "cpu"), "auto, cuda or cpu"),
+        ("seed", lambda v: 0 <= v <= 2**32 - 1, "in [0, 2**32 - 1]"),
+        ("resume", lambda v: v is None or bool(v), "auto, a checkpoint path, or null"),
+        ("init", lambda v: v is None or bool(v), "a checkpoint path, or null"),
+        ("log_interval", lambda v: v >= 1, "at least 1"),
+    )
+
+    def check(self) -> None:
+        """Checks beyond one value's rule (a subclass extends it, calling ``super().check()``); raise ConfigError."""
+        if self.resume is not None and self.init is not None:
+            raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
+        _check_opt(self.opt)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, YAML- and checkpoint-safe values."""
         out = dataclasses.asdict(self)
-        out["train_scale"] = list(self.train_scale)
-        out["decay_milestones"] = list(self.decay_milestones)
+        for name, value in out.items():
+            if isinstance(value, tuple):
+                out[name] = list(value)
         return out
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_HINTS = typing.get_type_hints(TrainConfig)
+def config_fields(config_class: type[TrainConfig]) -> dict[str, dataclasses.Field]:
+    """The fields of ``config_class``, by name."""
+    return {f.name: f for f in dataclasses.fields(config_class)}
+
+
 # Never taken from a resumed checkpoint: where the run lives, and the step limit that stopped it.
-_NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
+NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
 
 
 def scaled_learning_rates(cfg: TrainConfig, world_batch: int) -> dict[str, float]:
-    """The run's learning rates for a total batch of ``world_batch`` images per step.
+    """The run's learning rates for a total batch of ``world_batch`` samples per step.
 
     ``cfg.lr``, ``cfg.min_lr`` and ``cfg.warmup_lr`` are for a total batch of 512; each is scaled by
     ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR. Returns
@@ -151,9 +190,14 @@ def _finite(name: str, value: Any) -> float:
     return number
 
 
-def _check_value(name: str, value: Any) -> Any:
+@functools.lru_cache(maxsize=None)
+def _type_hints(config_class: type[TrainConfig]) -> dict[str, Any]:
+    return typing.get_type_hints(config_class)
+
+
+def _check_value(config_class: type[TrainConfig], name: str, value: Any) -> Any:
     """Coerce ``value`` to field ``name``'s type (int -> float, list -> tuple) or raise ConfigError."""
-    hint = _HINTS[name]
+    hint = _type_hints(config_class)[name]
     optional = typing.get_origin(hint) is typing.Union and type(None) in typing.get_args(hint)
     if value is None:
         if optional:
@@ -178,12 +222,20 @@ def _check_value(name: str, value: Any) -> Any:
     return value
 
 
-def _check_keys(values: Mapping[Any, Any], source: str) -> None:
+def check_keys(config_class: type[TrainConfig], values: Mapping[Any, Any], source: str) -> None:
+    fields = config_fields(config_class)
     for key in values:
-        if key not in FIELDS:
-            close = difflib.get_close_matches(str(key), FIELDS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(FIELDS)}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(fields)}"
             raise ConfigError(f"unknown setting {key!r} in {source}{hint}")
+
+
+def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``values`` (a file's, the flags') with every key a field of ``config_class`` and every value
+    coerced to its field's type, or ConfigError naming the first that is not."""
+    check_keys(config_class, values, source)
+    return {k: _check_value(config_class, k, v) for k, v in values.items()}
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:
@@ -194,8 +246,8 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping of :class:`TrainConfig` settings."""
+def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]] = None) -> dict[str, Any]:
+    """Read a YAML mapping of settings (of ``config_class``'s fields, when given)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; pass a YAML file, e.g. --config {path / 'run.yaml'}")
@@ -211,7 +263,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid YAML ({_yaml_reason(exc)})") from exc
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings, got {type(values).__name__}")
-    _check_keys(values, str(path))
+    if config_class is not None:
+        check_keys(config_class, values, str(path))
     return values
 
 
@@ -221,8 +274,8 @@ _FLAG_EXAMPLES = {"--set": "mixup=0"}
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:
     """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML values).
 
-    ``flag`` is the command-line option the items came from (``--model-kwargs``, ``--model-arg``,
-    ``--set``), named in the error messages.
+    ``flag`` is the command-line option the items came from (``--model-kwargs``, ``--set``), named in
+    the error messages.
     """
     example = f"{flag} {_FLAG_EXAMPLES.get(flag, 'patch_size=4')}"
     kwargs: dict[str, Any] = {}
@@ -240,125 +293,47 @@ def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[s
 
 
 def resolve_config(
-    overrides: Mapping[str, Any] | None = None,
-    config_file: str | Path | None = None,
-    checkpoint_config: Mapping[str, Any] | None = None,
-    defaults: Mapping[str, Any] | None = None,
-) -> tuple[TrainConfig, dict[str, Any]]:
-    """Layer defaults, data-set defaults, ``checkpoint_config``, ``config_file`` and ``overrides``.
+    config_class: type[TrainConfig],
+    base: Mapping[str, Any] | None = None,
+    layers: tuple[Mapping[str, Any], ...] = (),
+) -> TrainConfig:
+    """``config_class``'s defaults, then ``base`` (a recipe's values, or a resumed run's saved config),
+    then each of ``layers`` (a config file's values, then the flags), checked.
 
-    ``defaults`` replaces the built-in data set's defaults as the layer above the dataclass's own
-    (a task's defaults for its offline data, say).
-
-    ``model_kwargs`` mappings are merged key by key rather than replaced. Every value is checked
-    (type, range, and the names timm accepts) before anything uses it; a bad one raises
-    ConfigError. Returns the config and the data-set defaults that took effect (for the
-    start-of-run message).
+    ``model_kwargs`` mappings are merged key by key rather than replaced, except that a layer naming
+    another ``model`` than ``base`` drops ``base``'s kwargs (they were chosen for its model). Keys
+    of ``base`` that are not fields of ``config_class`` are left out (a checkpoint written by an
+    older version); keys of ``layers`` must be fields.
     """
-    overrides = dict(overrides or {})
-    _check_keys(overrides, "the arguments")
-    from_file = load_config_file(config_file) if config_file else {}
-    from_checkpoint = {k: v for k, v in (checkpoint_config or {}).items() if k in FIELDS and k not in _NOT_INHERITED}
-    layers = [{k: _check_value(k, v) for k, v in layer.items()} for layer in (from_checkpoint, from_file, overrides)]
-    data = next((layer["data"] for layer in reversed(layers) if "data" in layer), FIELDS["data"].default)
-    data_defaults = dict(defaults) if defaults is not None else builtin_defaults(data)
+    fields = config_fields(config_class)
+    base = {k: v for k, v in (base or {}).items() if k in fields}
+    checked = [{k: _check_value(config_class, k, v) for k, v in layer.items()}
+               for layer in (base, *layers)]
+    # Another architecture than the base's: the base's kwargs were chosen for its model, drop them.
+    other_model = "model" in checked[0] and any("model" in l and l["model"] != checked[0]["model"] for l in checked[1:])
     values: dict[str, Any] = {}
     model_kwargs: dict[str, Any] = {}
-    for layer in [data_defaults, *layers]:
-        for key, value in layer.items():
-            if key == "model_kwargs":
-                model_kwargs.update(value)
-            else:
-                values[key] = value
-    if data_defaults and any("model" in layer and layer["model"] != data_defaults["model"] for layer in layers):
-        # A different architecture: the small-image kwargs were chosen for WeightFormer, drop them.
-        model_kwargs = {k: v for k, v in model_kwargs.items() if k not in data_defaults.get("model_kwargs", {})}
-        for layer in layers:
-            model_kwargs.update(layer.get("model_kwargs", {}))
+    for layer in checked[1:] if other_model else checked:
+        model_kwargs.update(layer.get("model_kwargs", {}))
+    for layer in checked:
+        values.update({k: v for k, v in layer.items() if k != "model_kwargs"})
     values["model_kwargs"] = model_kwargs
-    cfg = validate_config(TrainConfig(**values))
-    applied = {
-        k: v for k, v in data_defaults.items() if k != "model_kwargs" and not any(k in layer for layer in layers)
-    }
-    kept = {k: v for k, v in data_defaults.get("model_kwargs", {}).items() if cfg.model_kwargs.get(k) == v}
-    if kept:
-        applied["model_kwargs"] = kept
-    return cfg, applied
-
-
-# What timm's transforms accept for both the train and eval pipelines (str_to_interp_mode's keys).
-_INTERPOLATIONS = tuple(_str_to_torch_interpolation)
-
-
-def _probability(value: float) -> bool:
-    return 0 <= value <= 1
-
-
-# (setting, test of a value of the right type, what the value must be), checked in this order.
-_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("data", bool, "a built-in data set such as mnist, or an ImageFolder path (--data PATH)"),
-    ("model", bool, "a timm model name such as weightformer_tiny"),
-    ("img_size", lambda v: v is None or v >= 1, "a positive number of pixels, or null for the data set's own size"),
-    ("workers", lambda v: v >= 0, "0 (load in the training process) or more"),
-    ("epochs", lambda v: v >= 1, "at least 1"),
-    ("max_steps", lambda v: v is None or v >= 1, "at least 1, or null for no limit"),
-    ("batch_size", lambda v: v >= 1, "at least 1"),
-    ("lr", lambda v: v > 0, "positive"),
-    ("min_lr", lambda v: v >= 0, "0 or more"),
-    ("warmup_lr", lambda v: v >= 0, "0 or more"),
-    ("warmup_epochs", lambda v: v >= 0, "0 (no warm-up) or more"),
-    ("sched", lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
-    ("decay_milestones", lambda v: all(a < b for a, b in zip((0.0, *v), v)), "increasing positive epochs, e.g. [8, 11]"),
-    ("decay_rate", lambda v: v > 0, "positive: the multistep factor (e.g. 0.1) or the poly power (e.g. 1.0)"),
-    ("weight_decay", lambda v: v >= 0, "0 (none) or more"),
-    ("clip_grad", lambda v: v is None or v > 0, "a positive gradient norm, or null for no clipping"),
-    ("smoothing", lambda v: 0 <= v < 1, "in [0, 1): 0 for none, 0.1 for the paper's"),
-    ("mixup", lambda v: v >= 0, "0 (off) or a positive Beta alpha such as 0.8"),
-    ("cutmix", lambda v: v >= 0, "0 (off) or a positive Beta alpha such as 1.0"),
-    ("reprob", _probability, "a probability in [0, 1]"),
-    ("color_jitter", lambda v: v >= 0, "0 (off) or more, such as 0.4"),
-    ("hflip", _probability, "a probability in [0, 1]"),
-    ("train_scale", lambda v: 0 < v[0] <= v[1] <= 1, "[min, max] image-area fractions with 0 < min <= max <= 1"),
-    ("crop_pct", lambda v: 0 < v <= 1, "in (0, 1], such as 0.875"),
-    ("crop_mode", lambda v: v in (None, "center", "squash", "border"), "center, squash, border, or null (the model's)"),
-    ("ema_decay", lambda v: 0 < v < 1, "in (0, 1), such as 0.99996"),
-    ("amp", lambda v: v in ("none", "bf16", "fp16"), "none, bf16 or fp16"),
-    ("device", lambda v: v in ("auto", "cuda", "cpu"), "auto, cuda or cpu"),
-    ("seed", lambda v: 0 <= v <= 2**32 - 1, "in [0, 2**32 - 1]"),
-    ("resume", lambda v: v is None or bool(v), "auto, a checkpoint path, or null"),
-    ("init", lambda v: v is None or bool(v), "a checkpoint path, or null"),
-    ("log_interval", lambda v: v >= 1, "at least 1"),
-    ("num_classes", lambda v: v is None or v >= 1, "at least 1, or null for the data's own"),
-    ("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1], such as 0.75, or null for none"),
-    ("seg_inference", lambda v: v in ("whole", "slide"), "whole or slide"),
-    ("seg_crop", lambda v: v >= 1, "a positive number of pixels"),
-    ("seg_stride", lambda v: v >= 1, "a positive number of pixels"),
-    ("det_resize", lambda v: v in ("lsj", "shortest_edge"), "lsj or shortest_edge"),
-    ("det_max_size", lambda v: v >= 1, "a positive number of pixels"),
-    ("min_snr_gamma", lambda v: v is None or v > 0, "a positive SNR cap such as 5, or null for DiT's uniform weighting"),
-)
+    return validate_config(config_class(**values))
 
 
 def validate_config(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with every value checked and coerced (ints to floats, lists to tuples), or ConfigError.
 
-    :func:`resolve_config` calls it; call it on a :class:`TrainConfig` built by hand.
+    :func:`resolve_config` calls it; call it on a config built by hand.
     """
-    cfg = TrainConfig(**{name: _check_value(name, getattr(cfg, name)) for name in FIELDS})
-    for name, ok, allowed in _RULES:
-        value = getattr(cfg, name)
-        if not ok(value):
-            raise ConfigError(f"{name} must be {allowed}, got {value!r}")
-    if cfg.resume is not None and cfg.init is not None:
-        raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
-    if not timm.is_model(cfg.model):
-        close = difflib.get_close_matches(cfg.model, timm.list_models(), n=3)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ConfigError(f"model {cfg.model!r} is not a timm model; {hint}list names with timm.list_models('*vit*')")
-    _check_opt(cfg.opt)
-    if cfg.interpolation not in _INTERPOLATIONS:
-        raise ConfigError(f"interpolation must be one of {', '.join(_INTERPOLATIONS)}, got {cfg.interpolation!r}")
-    _check_auto_augment(cfg.auto_augment)
+    config_class = type(cfg)
+    cfg = config_class(**{name: _check_value(config_class, name, getattr(cfg, name)) for name in config_fields(config_class)})
+    for klass in reversed(config_class.__mro__):
+        for name, ok, allowed in vars(klass).get("RULES", ()):
+            value = getattr(cfg, name)
+            if not ok(value):
+                raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+    cfg.check()
     return cfg
 
 
@@ -377,18 +352,3 @@ def _check_opt(opt: str) -> None:
         get_optimizer_class(base)
     except (ImportError, AssertionError) as exc:  # apex/bitsandbytes missing, or no CUDA for them
         raise ConfigError(f"opt {opt!r} cannot be used here ({exc}); choose another, such as adamw") from exc
-
-
-def _check_auto_augment(policy: Optional[str]) -> None:
-    """``policy`` must parse with timm's RandAugment/AugMix/AutoAugment parsers (as create_transform calls them)."""
-    if not policy:
-        return
-    try:
-        create_transform(32, is_training=True, auto_augment=policy)
-    except (AssertionError, ValueError) as exc:  # how timm's parsers reject a policy string
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "timm cannot parse it"
-        raise ConfigError(
-            f"auto_augment {policy!r} is not a timm augmentation policy ({reason}); use a RandAugment string "
-            f"such as rand-m9-mstd0.5-inc1, an AugMix string such as augmix-m5-w4-d2, an AutoAugment policy "
-            f"(original, originalr, v0, v0r, 3a), or null for none"
-        ) from exc

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from .device import pick_device
 
 __all__ = [
     "DistInfo", "all_gather_objects", "all_reduce_sum", "init_distributed", "max_over_ranks",
@@ -36,14 +36,6 @@ class DistInfo:
         return self.world_size > 1
 
 
-def _pick_device(device: str, local_rank: int) -> torch.device:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda was requested but no GPU is visible; use --device cpu or auto")
-    if device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", local_rank)
-
-
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), if any.
 
@@ -51,7 +43,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
     An already initialised process group is used as it is.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    dev = _pick_device(device, local_rank)
+    dev = pick_device(device, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if dist.is_available() and dist.is_initialized():

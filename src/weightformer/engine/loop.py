@@ -5,7 +5,7 @@ one epoch, end of epoch, finish.
 :func:`build_data`, :func:`build_training`, :func:`restore` (or :func:`init_from_weights`), and
 loops :func:`train_one_epoch` and :func:`end_epoch` before :func:`finish`. What differs between
 tasks (the data, the model, the loss of a step, the evaluation) comes from a
-:class:`~weightformer.engine.task.Task`; classification is the default. The rest is built from
+:class:`~weightformer.engine.task.Task`, which the engine never looks inside. The rest is built from
 timm's parts: ``create_optimizer_v2`` (AdamW, no weight decay on norms and biases, or a task's
 parameter groups), ``create_scheduler_v2`` (cosine, multistep or poly with warm-up, updated every step, applying
 per-group ``lr_scale``), ``ModelEmaV3`` and ``dispatch_clip_grad``.
@@ -35,20 +35,28 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError, save_atomic
 from ..data import ResumableSampler
-from .config import TrainConfig, resolve_config, scaled_learning_rates, validate_config
+from .config import (
+    NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config, scaled_learning_rates,
+    validate_config,
+)
 from .distributed import (
     DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed, max_over_ranks,
     shutdown_distributed,
 )
 from .errors import ConfigError, TrainingDivergedError
-from .evaluate import autocast
+from .device import autocast
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, start_run_folder
 from .signals import StopFlag
-from .state import capture_rng, is_training_checkpoint, load_weights, read_checkpoint, restore_rng
+from .recipes import RESUMED, Recipe, RecipeChoice
+from .registry import get_task
+from .rng import capture_rng, restore_rng
 from .task import Task, TaskData
+from .weights import checkpoint_task, is_training_checkpoint, load_weights, read_checkpoint
 
-__all__ = ["StopFlag", "TrainResult", "prepare_config", "train"]
+__all__ = ["PreparedRun", "StopFlag", "TrainResult", "prepare_config", "train"]
+
+GIVEN = Recipe("given", "the settings of the config object passed to train()")
 
 
 @dataclass
@@ -109,8 +117,8 @@ class RunState:
     @classmethod
     def from_checkpoint(cls, ckpt: Mapping[str, Any]) -> "RunState":
         progress = dict(ckpt["progress"])
-        if "best_top1" in progress:  # checkpoints written before tasks named their best metric
-            progress["best_score"] = progress.pop("best_top1")
+        for key in [k for k in progress if k.startswith("best_") and k not in ("best_score", "best_epoch")]:
+            progress["best_score"] = progress.pop(key)  # written before tasks named their best metric: best_<metric>
         return cls(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **progress)
 
     def progress(self) -> dict[str, Any]:
@@ -141,9 +149,10 @@ def _resume_path(cfg: TrainConfig) -> Optional[Path]:
     return path
 
 
-def _read_resume_checkpoint(path: Path) -> dict[str, Any]:
-    """A whole training state, or a CheckpointError that points a weights-only file to ``--init``."""
+def _read_resume_checkpoint(path: Path, task: type[Task]) -> dict[str, Any]:
+    """A whole training state of ``task``, or a CheckpointError (a weights-only file is pointed to ``--init``)."""
     ckpt = read_checkpoint(path)
+    checkpoint_task(ckpt, f"--resume {path}", task)
     if not is_training_checkpoint(ckpt):
         raise CheckpointError(
             f"--resume {path}: the file holds weights only (no optimizer, schedule or step), so no run can "
@@ -152,41 +161,64 @@ def _read_resume_checkpoint(path: Path) -> dict[str, Any]:
     return ckpt
 
 
-def _resume_checkpoint(cfg: TrainConfig) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
-    """The checkpoint a run resumes from, and its contents (None, None for a new run)."""
-    path = _resume_path(cfg)
-    return (path, _read_resume_checkpoint(path)) if path is not None else (None, None)
+@dataclass
+class PreparedRun:
+    """A run's settings, the recipe under them and why, and the checkpoint it resumes (read once)."""
+
+    cfg: TrainConfig
+    recipe: RecipeChoice
+    applied: dict[str, Any]  # the recipe's values that no file or flag overrode
+    resume_from: Optional[Path] = None
+    checkpoint: Optional[dict[str, Any]] = field(default=None, repr=False)
 
 
-def _prepare(
-    overrides: Mapping[str, Any] | None, config_file: Optional[str], defaults: Optional[Mapping[str, Any]],
-    task: type[Task],
-) -> tuple[TrainConfig, dict[str, Any], Optional[Path], Optional[dict[str, Any]]]:
-    """:func:`prepare_config`, also returning the resumed checkpoint's path and contents, read once."""
-    cfg, applied = resolve_config(overrides, config_file, defaults=defaults)
-    cfg.output = cfg.output or _default_output(cfg, task)
-    resume_from, ckpt = _resume_checkpoint(cfg)
-    if ckpt is not None:
-        cfg, applied = resolve_config(overrides, config_file, checkpoint_config=ckpt.get("config"), defaults=defaults)
-        cfg.output = cfg.output or _default_output(cfg, task)
-    return cfg, applied, resume_from, ckpt
+def _task_class(task: type[Task] | str) -> type[Task]:
+    if isinstance(task, str):
+        return get_task(task)
+    if not (isinstance(task, type) and issubclass(task, Task)):
+        raise TypeError(f"task must be a Task subclass or a registered task name, got {task!r}")
+    return task
 
 
-def _classification() -> type[Task]:
-    from ..classification import ClassificationTask
+def _applied(recipe_values: Mapping[str, Any], layers: tuple[Mapping[str, Any], ...],
+             cfg: TrainConfig) -> dict[str, Any]:
+    """The recipe's values that took effect: not set by a layer (and, for model kwargs, kept)."""
+    applied = {k: v for k, v in recipe_values.items() if k != "model_kwargs" and not any(k in layer for layer in layers)}
+    kept = {k: v for k, v in dict(recipe_values.get("model_kwargs") or {}).items() if cfg.model_kwargs.get(k) == v}
+    if kept:
+        applied["model_kwargs"] = kept
+    return applied
 
-    return ClassificationTask
 
-
-def prepare_config(
-    overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None,
-    defaults: Optional[Mapping[str, Any]] = None, task: Optional[type[Task]] = None,
-) -> tuple[TrainConfig, dict[str, Any]]:
-    """:func:`resolve_config`, with ``task``'s default output folder filled in and, when resuming, the
-    checkpoint's own config as the base layer (so ``--resume auto`` alone continues the same run).
+def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None, *,
+                   task: type[Task] | str) -> PreparedRun:
+    """The settings of a run of ``task``, as :func:`train` resolves them: the task's recipe for the data
+    (:meth:`Task.choose_recipe`), under the ``config_file``'s values and then ``overrides`` (the flags).
+    When the run resumes (``resume``: auto with a ``last.pt`` in the output folder, or a path), the
+    checkpoint's own saved settings replace the recipe, so ``--resume auto`` alone continues the same run.
     """
-    cfg, applied, _, _ = _prepare(overrides, config_file, defaults, task or _classification())
-    return cfg, applied
+    task = _task_class(task)
+    config_class = task.config_class
+    flags = check_layer(config_class, dict(overrides or {}), "the arguments")
+    from_file = check_layer(config_class, load_config_file(config_file), str(config_file)) if config_file else {}
+    layers = (from_file, flags)
+    user = {**from_file, **flags}
+    data = user.get("data") or config_fields(config_class)["data"].default
+    choice = task.choose_recipe(data, user)
+    cfg = resolve_config(config_class, choice.recipe.values, layers)
+    cfg.output = cfg.output or _default_output(cfg, task)
+    applied = _applied(choice.recipe.values, layers, cfg)
+    resume_from = _resume_path(cfg)
+    if resume_from is None:
+        return PreparedRun(cfg, choice, applied)
+    ckpt = _read_resume_checkpoint(resume_from, task)
+    saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k not in NOT_INHERITED}
+    # The saved settings over the recipe of the saved data (for settings newer than the checkpoint);
+    # a saved mapping (model_kwargs) replaces the recipe's whole, never merged into it.
+    base = {**task.choose_recipe(saved.get("data") or data, {**saved, **user}).recipe.values, **saved}
+    cfg = resolve_config(config_class, base, layers)
+    cfg.output = cfg.output or _default_output(cfg, task)
+    return PreparedRun(cfg, RecipeChoice(RESUMED, f"--resume continues {resume_from}"), {}, resume_from, ckpt)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -196,36 +228,47 @@ def train(
     config: TrainConfig | Mapping[str, Any],
     config_file: Optional[str] = None,
     stop: Optional[StopFlag] = None,
-    task: Optional[type[Task]] = None,
-    defaults: Optional[Mapping[str, Any]] = None,
+    *,
+    task: type[Task] | str,
 ) -> TrainResult:
-    """Train a model as ``config`` says; returns where the checkpoints are and the best score.
+    """Train a model of ``task`` as ``config`` says; returns where the checkpoints are and the best score.
 
-    ``config`` is a :class:`TrainConfig`, or a mapping of its fields that is layered over the
-    built-in data set's defaults (or ``defaults``) and ``config_file`` (see :func:`prepare_config`). ``task`` builds
-    the :class:`~weightformer.engine.task.Task` from the resolved config (default:
-    :class:`~weightformer.classification.ClassificationTask`). ``stop``, when set (by
-    SIGINT/SIGTERM, which this handles while it runs, or by the caller), ends the run after the
-    current step with a checkpoint. Works as one process or under torchrun.
+    ``task`` is a :class:`~weightformer.engine.task.Task` subclass or a registered task name
+    (``"classification"``, ``"detection"``, ...). ``config`` is a mapping of settings (the task's
+    config fields), layered over the task's recipe for the data and ``config_file`` exactly as the
+    task's ``train`` command layers its flags (see :func:`prepare_config`), or a config object of the
+    task's ``config_class``, used as it is. ``stop``, when set (by SIGINT/SIGTERM, which this handles
+    while it runs, or by the caller), ends the run after the current step with a checkpoint. Works as
+    one process or under torchrun.
     """
-    task = task or _classification()
+    task = _task_class(task)
     if isinstance(config, TrainConfig):
-        cfg, applied = validate_config(config), {}
+        if not isinstance(config, task.config_class):
+            raise ConfigError(f"a {task.name} run needs a {task.config_class.__name__}, got a "
+                              f"{type(config).__name__}; pass a mapping of settings, or build the task's config")
+        cfg = validate_config(config)
         if cfg.output is None:
             cfg = dataclasses.replace(cfg, output=_default_output(cfg, task))
-        resume_from, ckpt = _resume_checkpoint(cfg)
+        resume_from = _resume_path(cfg)
+        ckpt = _read_resume_checkpoint(resume_from, task) if resume_from is not None else None
+        prepared = PreparedRun(cfg, RecipeChoice(GIVEN, "the settings were passed as a config object"), {},
+                               resume_from, ckpt)
     else:
-        cfg, applied, resume_from, ckpt = _prepare(config, config_file, defaults, task)
+        prepared = prepare_config(config, config_file, task=task)
+    cfg = prepared.cfg
     dist_info = init_distributed(cfg.device)
     stop = stop if stop is not None else StopFlag()
     stop.install()
     try:
-        if applied and dist_info.is_main:
-            shown_kwargs = applied.pop("model_kwargs", {})
-            model_first = {"model": applied.pop("model")} if "model" in applied else {}
-            shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
-            print(f"defaults for {cfg.data}: {shown} (override with flags or --config)")
-        return _run(cfg, task(cfg), dist_info, stop, resume_from, ckpt)
+        if dist_info.is_main:
+            print(prepared.recipe.line())
+            if prepared.applied:
+                applied = dict(prepared.applied)
+                shown_kwargs = applied.pop("model_kwargs", {})
+                model_first = {"model": applied.pop("model")} if "model" in applied else {}
+                shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
+                print(f"defaults for {cfg.data}: {shown} (override with flags or --config)")
+        return _run(cfg, task(cfg), dist_info, stop, prepared.resume_from, prepared.checkpoint)
     finally:
         stop.uninstall()
         shutdown_distributed(dist_info)
@@ -552,7 +595,7 @@ def finish(task: Task, training: Training, state: RunState, output: Path, stoppe
         if stopped_by is not None:
             print(f"stopped by {stopped_by} at epoch {state.epoch + 1}, step {state.step_in_epoch} (global step "
                   f"{state.global_step}); checkpoint saved to {last_path}\n"
-                  f"resume with: {task.command} train --output {output} --resume auto")
+                  f"resume with: {task.command()} train --output {output} --resume auto")
         else:
             if best is not None:
                 print(f"done: best {task.format_score(best)} at epoch {state.best_epoch}, checkpoint {best_path}")

@@ -4,13 +4,11 @@ with dynamic batch and image sizes; ``weightformer export`` is the command line 
 from .hub import model_card, push_to_hub, to_hf
 from .onnx import check_onnx, to_onnx
 from .pt2 import export_program, load_pt2, to_pt2
-from .source import LoadedModel, load_classifier, run_summary
+from .source import run_summary, trained_size
 
 __all__ = [
-    "LoadedModel",
     "check_onnx",
     "export_program",
-    "load_classifier",
     "load_pt2",
     "model_card",
     "push_to_hub",
@@ -18,4 +16,5 @@ __all__ = [
     "to_hf",
     "to_onnx",
     "to_pt2",
+    "trained_size",
 ]

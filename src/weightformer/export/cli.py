@@ -1,6 +1,6 @@
 """``weightformer export``: a checkpoint or a timm model's pretrained weights to the Hub layout, ONNX or
 ``.pt2``. A thin layer over :mod:`weightformer.export`; errors and exit codes are those of
-:mod:`weightformer.cli`."""
+:mod:`weightformer.engine.cli`."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import run_reporting_errors
+from ..engine.cli import run_reporting_errors
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
+from ..engine.weights import load_model
 from .files import check_output
 from .hub import push_to_hub, to_hf
 from .onnx import to_onnx
 from .pt2 import to_pt2
-from .source import load_classifier, run_summary
+from .source import run_summary, trained_size
 
 __all__ = ["build_parser", "main"]
 
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="timm model name: with --pretrained, or for a --checkpoint that does not name "
                                    "its model")
     p.add_argument("--pretrained", action="store_true", help="export timm's pretrained weights of --model")
-    p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=[],
+    p.add_argument("--model-kwargs", "--model-arg", dest="model_kwargs", nargs="+", action="extend", metavar="KEY=VALUE",
+                   default=[],
                    help="keyword arguments for timm.create_model, e.g. patch_size=4")
     p.add_argument("--ema", action="store_true", help="export the checkpoint's EMA weights")
     p.add_argument("--format", required=True, choices=["hf", "onnx", "pt2"], help="what to write")
@@ -66,10 +68,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     _check_arguments(args)
-    loaded = load_classifier(args.checkpoint, args.model, args.pretrained,
-                             parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"), args.ema)
+    loaded = load_model(args.checkpoint, task="classification", model=args.model,
+                        model_kwargs=parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"), use_ema=args.ema,
+                        pretrained=args.pretrained)
     model, meta, out = loaded.model, loaded.meta, Path(args.out)
-    size = args.img_size or loaded.img_size
+    size = args.img_size or trained_size(loaded)
     start = time.perf_counter()
     if args.format == "hf":
         command = shlex.join(["weightformer", "export", *sys.argv[2:]]) if sys.argv[1:2] == ["export"] else None

@@ -1,97 +1,27 @@
-"""The model to export or run: a checkpoint of any format the engine reads, or a timm model's own weights.
+"""What the exports need to know about the classifier they ship, beyond the model itself: the side it
+was trained at, and the run that made it (for the model card).
 
-Our training checkpoints (``last.pt``/``best.pt``) carry ``meta``, which rebuilds the model without
-flags (:func:`weightformer.engine.state.build_model`); other files (the authors' releases, timm or
-bare state dicts) need ``model`` to name the architecture. Weights always go through
-:func:`weightformer.engine.state.load_weights`, the one loader.
+The classifier comes from :func:`weightformer.engine.load_model` (``task="classification"``), the one
+reader of checkpoints: our ``last.pt``/``best.pt`` rebuild from their ``meta``; other files (the
+authors' releases, timm or bare state dicts) need ``model`` to name the architecture.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import timm
-import torch
-from torch import nn
+from ..engine.weights import LoadedModel
 
-from ..checkpoint import CheckpointError
-from ..engine.state import build_model, load_weights, model_state_from, read_checkpoint
-
-__all__ = ["LoadedModel", "load_classifier", "run_summary"]
+__all__ = ["run_summary", "trained_size"]
 
 
-@dataclass
-class LoadedModel:
-    """A classifier in eval mode, what rebuilds it (``meta``), and where it came from."""
-
-    model: nn.Module
-    meta: dict[str, Any]
-    source: str
-    checkpoint: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def img_size(self) -> int:
-        """The side the model was trained (or pretrained) at."""
-        if "img_size" in self.meta:
-            return int(self.meta["img_size"])
-        return int(self.model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
-
-
-def _meta_without_checkpoint_meta(model: str, model_kwargs: Mapping[str, Any],
-                                  state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``meta`` for a checkpoint that does not carry one: the architecture the user named, with the class
-    and channel counts read off the weights' classifier and stem."""
-    if not timm.is_model(model):
-        raise CheckpointError(f"unknown timm model {model!r}; check the name with timm.list_models('{model[:8]}*')")
-    cfg = timm.models.get_pretrained_cfg(model)
-    cfg = cfg.to_dict() if cfg is not None else {}
-    meta: dict[str, Any] = {"model": model, "model_kwargs": dict(model_kwargs),
-                            "num_classes": cfg.get("num_classes") or 1000, "in_chans": 3}
-    head = state.get(f"{cfg.get('classifier', 'head')}.weight")
-    if head is not None and head.dim() == 2:
-        meta["num_classes"] = head.shape[0]  # (classes, features)
-    stem = state.get(f"{cfg.get('first_conv', 'patch_embed.proj')}.weight")
-    if stem is not None and stem.dim() == 4:
-        meta["in_chans"] = stem.shape[1]  # (out, in_chans, kh, kw)
-    return meta
-
-
-def load_classifier(
-    checkpoint: str | None = None,
-    model: str | None = None,
-    pretrained: bool = False,
-    model_kwargs: Mapping[str, Any] | None = None,
-    use_ema: bool = False,
-) -> LoadedModel:
-    """The classifier in ``checkpoint`` (rebuilt from its ``meta``, or as ``model``), or timm's pretrained
-    ``model``; in eval mode on the CPU. Raises :class:`CheckpointError` for what cannot be loaded."""
-    model_kwargs = dict(model_kwargs or {})
-    if checkpoint is None:
-        if not (model and pretrained):
-            raise CheckpointError("no model given; pass --checkpoint PATH, or --model NAME --pretrained")
-        meta = _meta_without_checkpoint_meta(model, model_kwargs, {})
-        net = build_model(meta, pretrained=True)
-        return LoadedModel(net.eval(), meta, f"{model} (pretrained)")
-    ckpt = read_checkpoint(checkpoint)
-    meta = dict(ckpt.get("meta") or {})
-    task = meta.get("task", "classification")
-    if task != "classification":
-        raise CheckpointError(f"{checkpoint} is a {task} checkpoint; these commands take image classifiers")
-    if model is not None and meta.get("model") not in (None, model):
-        meta = {}  # another architecture was asked for: the weights must fit it
-    if not meta:
-        if model is None:
-            raise CheckpointError(f"{checkpoint} does not say which model it holds; pass --model NAME")
-        meta = _meta_without_checkpoint_meta(model, model_kwargs, model_state_from(ckpt, use_ema, checkpoint))
-    elif model_kwargs:
-        meta["model_kwargs"] = {**meta["model_kwargs"], **model_kwargs}
-    net = build_model(meta)
-    load_weights(net, ckpt, use_ema=use_ema, source=checkpoint)
-    return LoadedModel(net.eval(), meta, checkpoint, ckpt)
+def trained_size(loaded: LoadedModel) -> int:
+    """The side the model was trained (or pretrained) at."""
+    if "img_size" in loaded.meta:
+        return int(loaded.meta["img_size"])
+    return int(loaded.model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
 
 
 def run_summary(loaded: LoadedModel) -> dict[str, Any]:

@@ -268,8 +268,10 @@ _RELEASE_RENAMES = (
 )
 
 
-def checkpoint_filter_fn(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def checkpoint_filter_fn(state_dict: Mapping[str, Tensor], model: WeightFormerDiT | None = None) -> dict[str, Tensor]:
     """A state dict of the release's ``model/wfm_dit.py`` (or one of ours) as :class:`WeightFormerDiT` keys.
+    ``model`` is unused: the contract of timm's filter functions, ``(state_dict, model)``, which the
+    engine's weights reader calls.
 
     DiT's training checkpoints hold ``{"model", "ema", "opt", "args"}``; pass the ``"ema"`` entry (as
     DiT's sample.py does) or ``"model"``. Keys already in our layout pass through unchanged.
@@ -295,4 +297,4 @@ def load_release_state_dict(model: WeightFormerDiT, state_dict: Mapping[str, Any
         if isinstance(state_dict.get(entry), Mapping):
             state_dict = state_dict[entry]
             break
-    model.load_state_dict(checkpoint_filter_fn(state_dict), strict=True)
+    model.load_state_dict(checkpoint_filter_fn(state_dict, model), strict=True)

@@ -1,4 +1,11 @@
-"""What a checkpoint holds, and how a model is rebuilt from it.
+"""The one way in for weights: read any checkpoint, check its task once, rebuild its model.
+
+:func:`load_model` reads a checkpoint of any format (ours, the authors', timm's, safetensors), finds
+its task from ``meta["task"]`` (weights without one are a classifier's, or the expected task's),
+checks it against the task the caller expects with one message, rebuilds the model from the meta
+(:meth:`Task.model_from_meta`) and loads the weights through :func:`load_weights`. Every command that
+takes a checkpoint (eval, predict, export, ``gen sample``, ``--init``, ``--resume``) comes through
+here.
 
 A training checkpoint is a dict of tensors and plain Python values only, so it loads with
 ``torch.load(weights_only=True)``:
@@ -9,140 +16,41 @@ A training checkpoint is a dict of tensors and plain Python values only, so it l
                                         in it, optimizer steps in total
     progress              running sums of the current epoch (loss, samples, seconds) and the best result
     rng                   per-rank generator states (torch, cuda, numpy, python)
-    meta                  what rebuilds the model without flags: timm name, kwargs, classes, data, transforms
-    config                the resolved TrainConfig as a dict
+    meta                  what rebuilds the model without flags: task, model name, kwargs, classes, data, ...
+    config                the resolved run settings as a dict
+
+A model's foreign layouts are translated by the ``checkpoint_filter_fn(state_dict, model)`` of the
+module that defines its class (timm's contract), when the weights do not fit as they are.
 """
 
 from __future__ import annotations
 
 import os
-import random
-import re
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-import numpy as np
-import timm
 import torch
-from huggingface_hub.errors import HfHubHTTPError
 from torch import nn
 
 from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_prefixes
-from .errors import ConfigError
+from .registry import default_task, get_task
 
 __all__ = [
-    "load_backbone_weights",
     "TRAINING_STATE_KEYS",
-    "build_model",
-    "capture_rng",
-    "check_input_size",
+    "LoadedModel",
+    "checkpoint_task",
     "is_training_checkpoint",
+    "load_backbone_weights",
+    "load_model",
     "load_model_state",
     "load_weights",
     "model_state_from",
     "read_checkpoint",
-    "restore_rng",
 ]
 
 # What a checkpoint needs beyond the weights for a run to continue exactly where it stopped.
 TRAINING_STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "step_in_epoch", "global_step", "progress", "rng")
-
-
-def capture_rng() -> dict[str, Any]:
-    """This process's torch, CUDA, NumPy and Python generator states, as tensors and plain values."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": random.getstate(),
-    }
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Undo :func:`capture_rng`."""
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-
-
-def build_model(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Module:
-    """``timm.create_model`` from a checkpoint's ``meta`` (name, kwargs, classes, channels).
-
-    Only the errors that mean a bad argument become a :class:`ConfigError`: a ``ValueError`` the
-    model raises for a value it refuses, and the ``TypeError`` of a keyword it does not take. Pretrained
-    weights that cannot be fetched (offline, no such repository) are a :class:`CheckpointError`.
-    Anything else is a bug and keeps its traceback.
-    """
-    name = meta["model"]
-    if not timm.is_model(name):
-        raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
-    kwargs = meta["model_kwargs"]
-    try:
-        return timm.create_model(
-            name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **kwargs
-        )
-    except TypeError as exc:
-        if not _SIGNATURE_ERROR.search(str(exc)):
-            raise
-        raise ConfigError(f"{name} does not take the model arguments {kwargs}: {exc}; check --model-kwargs") from exc
-    except ValueError as exc:
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"cannot build {name} with model arguments {kwargs}: {detail}; check --model-kwargs") from exc
-    except (HfHubHTTPError, OSError) as exc:
-        if not pretrained:
-            raise
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"cannot get the pretrained weights of {name} ({type(exc).__name__}: {detail}); connect to the "
-            f"Hugging Face Hub (HF_HUB_OFFLINE unset), or pass the downloaded file with --checkpoint FILE"
-        ) from exc
-
-
-# The TypeError Python raises when a call's keywords do not fit the signature (not one from inside the model).
-_SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for (keyword )?argument")
-
-
-def _blank_forward(model: nn.Module, in_chans: int, size: int, device: torch.device) -> None:
-    with torch.no_grad():
-        model(torch.zeros(1, in_chans, size, size, device=device))
-
-
-def check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.device) -> None:
-    """One eval-mode forward of a blank image, so a model that cannot take this size fails with one line.
-
-    A ValueError, or the AssertionError of timm's size checks, is a refusal of the input: a user's
-    mistake. A RuntimeError (a kernel larger than the feature map, say) counts as one only when the
-    same model runs at its pretrained size; otherwise, and for out of memory, it is reported as
-    what it is.
-    """
-    was_training = model.training
-    model.eval()
-    size = meta["img_size"]
-    try:
-        _blank_forward(model, meta["in_chans"], size, device)
-    except (ValueError, AssertionError, RuntimeError) as exc:
-        if isinstance(exc, (torch.OutOfMemoryError, NotImplementedError)) or "can't allocate memory" in str(exc):
-            raise
-        if isinstance(exc, RuntimeError):
-            reference = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))[-1]
-            if reference == size:
-                raise
-            try:
-                _blank_forward(model, meta["in_chans"], reference, device)
-            except Exception:
-                raise exc from None  # fails at its own size too: not a matter of the image size
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"{meta['model']} cannot take {size} px images ({reason}); "
-            f"pass a larger --img-size or model kwargs that fit (e.g. a smaller patch_size)"
-        ) from exc
-    model.train(was_training)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -221,7 +129,8 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
 
 
 def _checkpoint_filter_fn(model: nn.Module) -> Optional[Callable[..., dict[str, torch.Tensor]]]:
-    """The ``checkpoint_filter_fn`` of the model's timm module (it translates foreign checkpoints), if any."""
+    """The ``checkpoint_filter_fn(state_dict, model)`` of the module that defines the model's class (it
+    translates foreign checkpoints), if any."""
     module = sys.modules.get(type(model).__module__)
     return getattr(module, "checkpoint_filter_fn", None)
 
@@ -286,3 +195,72 @@ def load_backbone_weights(
                               f"pass --model {meta['model']} (with its model kwargs) or another checkpoint")
     load_weights(model.get_submodule(backbone_path), checkpoint, source=source, ignore_classifier=True)
     return f"; only its backbone ({model_name}): the neck and heads start fresh"
+
+
+@dataclass
+class LoadedModel:
+    """A model rebuilt from a checkpoint, in eval mode: its task, what rebuilds it (``meta``), where it
+    came from, and the checkpoint as read (for its saved config and metrics)."""
+
+    task: Any  # the Task subclass
+    model: nn.Module
+    meta: dict[str, Any]
+    source: str
+    checkpoint: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = None) -> Any:
+    """The Task subclass of an already-read ``checkpoint``, checked against ``expected`` (a Task
+    subclass, or None for any). Weights that name no task belong to ``expected``, else to the default
+    task. The one "wrong task" message of every command."""
+    named = (checkpoint.get("meta") or {}).get("task") if isinstance(checkpoint.get("meta"), Mapping) else None
+    if named is None:
+        return expected if expected is not None else default_task()
+    task = get_task(named)
+    if expected is not None and task is not expected and task.name != expected.name:
+        raise CheckpointError(f"{source} is a {task.name} checkpoint, not a {expected.name} one; use it with "
+                              f"{task.command()} (e.g. {task.command()} eval --checkpoint {source})")
+    return task
+
+
+def load_model(
+    checkpoint: str | os.PathLike | None = None,
+    task: Any = None,
+    model: Optional[str] = None,
+    model_kwargs: Optional[Mapping[str, Any]] = None,
+    use_ema: bool = False,
+    pretrained: bool = False,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
+    """The model in ``checkpoint``, in eval mode on ``device``: the one reader behind every command.
+
+    ``checkpoint`` is any file :func:`read_checkpoint` reads: our ``last.pt``/``best.pt`` (rebuilt from
+    their ``meta``), the authors' files, timm's, a bare state dict or ``.safetensors`` (these need
+    ``model`` to name the architecture). ``task`` (a Task subclass or a registered name) is the task the
+    caller expects: a checkpoint of another task is refused with one message. ``model`` names another
+    architecture for the weights, ``model_kwargs`` are laid over the saved ones, ``use_ema`` takes the
+    EMA weights. With no checkpoint, ``model`` and ``pretrained``: the model's own pretrained weights
+    (timm's), for tasks that have them. Raises CheckpointError (or ConfigError) naming what is wrong.
+    """
+    expected = get_task(task) if isinstance(task, str) else task
+    model_kwargs = dict(model_kwargs or {})
+    if checkpoint is None:
+        owner = expected or default_task()
+        if not (model and pretrained):
+            raise CheckpointError("nothing to load; pass --checkpoint PATH, or --model NAME --pretrained")
+        meta = owner.meta_for_weights(f"{model} (pretrained)", {}, model, model_kwargs)
+        net = owner.model_from_meta({**meta, "pretrained": True})
+        return LoadedModel(owner, net.to(device).eval(), meta, f"{model} (pretrained)")
+    source = str(checkpoint)
+    ckpt = read_checkpoint(checkpoint)
+    owner = checkpoint_task(ckpt, source, expected)
+    meta = dict(ckpt.get("meta") or {}) if isinstance(ckpt.get("meta"), Mapping) else {}
+    if model is not None and meta.get("model") not in (None, model):
+        meta = {}  # another architecture was asked for: keep only the weights, which must then fit it
+    if not meta.get("model"):
+        meta = owner.meta_for_weights(source, model_state_from(ckpt, use_ema, source), model, model_kwargs)
+    else:
+        meta = owner.override_meta(meta, model_kwargs)
+    net = owner.model_from_meta(meta)
+    load_weights(net, ckpt, use_ema=use_ema, source=source)
+    return LoadedModel(owner, net.to(device).eval(), meta, source, ckpt)

@@ -1,10 +1,10 @@
-"""Evaluation: top-1, top-5, loss and throughput of a model on a data set."""
+"""Evaluating a classifier: top-1, top-5, loss and throughput over a loader (:func:`evaluate`, what the
+training loop calls), or of a checkpoint on a data set (:func:`evaluate_checkpoint`, ``weightformer eval``)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
 from typing import Any, Mapping, Optional
 
 import torch
@@ -17,19 +17,13 @@ from torch.utils.data import DataLoader
 from ..checkpoint import CheckpointError
 from ..data import DataError, DataInfo, ResumableSampler, SeededTransformDataset, open_dataset
 from ..data.transforms import eval_data_config
-from .distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
-from .errors import ConfigError
-from .state import build_model, check_input_size, load_weights, read_checkpoint
+from ..engine.device import autocast
+from ..engine.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
+from ..engine.errors import ConfigError
+from ..engine.weights import load_model
+from .model import check_input_size
 
-__all__ = ["autocast", "eval_transform_config", "evaluate", "evaluate_checkpoint", "format_eval"]
-
-
-def autocast(device: torch.device, amp: str):
-    """The autocast context for ``amp`` (none, bf16, fp16) on ``device``."""
-    if amp == "none":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
+__all__ = ["eval_transform_config", "evaluate", "evaluate_checkpoint", "format_eval"]
 
 @torch.no_grad()
 def evaluate(
@@ -105,35 +99,25 @@ def _check_eval_settings(batch_size: int, workers: int, img_size: Optional[int],
         raise ConfigError(f"--device must be auto, cuda or cpu, got {device!r}")
 
 
-def _model_meta(ckpt: Mapping[str, Any], model: Optional[str], model_kwargs: Optional[dict[str, Any]],
-                info: DataInfo, checkpoint: Optional[str]) -> dict[str, Any]:
-    """What builds the model: the checkpoint's own meta (checked against the data), or ``--model``."""
-    meta = dict(ckpt.get("meta") or {})
-    if model is not None and meta.get("model") not in (None, model):
-        meta = {}  # another architecture was asked for: keep only the weights, which must then fit it
-    if meta:
-        if meta.get("in_chans", info.in_chans) != info.in_chans:
-            raise CheckpointError(
-                f"{checkpoint} was trained on {meta['in_chans']}-channel images and {info.name} has "
-                f"{info.in_chans}-channel images; evaluate on the data set it was trained on ({meta.get('data')})"
-            )
-        if meta["num_classes"] != info.num_classes:
-            raise CheckpointError(
-                f"{checkpoint} has {meta['num_classes']} classes, the data {info.name} has {info.num_classes}; "
-                f"evaluate on the data set it was trained on ({meta.get('data')})"
-            )
-        if meta.get("classes") and list(meta["classes"]) != list(info.classes):
-            raise DataError(
-                f"the class folders of {info.name} differ from those {checkpoint} was trained on "
-                f"({meta.get('data')}); evaluate on data with the same class names"
-            )
-        if model_kwargs:
-            meta["model_kwargs"] = {**meta["model_kwargs"], **model_kwargs}
-        return meta
-    if model is None:
-        raise CheckpointError(f"{checkpoint} does not say which model it holds; pass --model NAME")
-    return {"model": model, "model_kwargs": dict(model_kwargs or {}), "num_classes": info.num_classes,
-            "in_chans": info.in_chans}
+def check_data_fits(meta: Mapping[str, Any], info: DataInfo, source: str) -> None:
+    """The classifier described by ``meta`` can be scored on the data ``info`` describes, or an error
+    naming what differs (channels, class count, class names)."""
+    trained_on = f" ({meta['data']})" if meta.get("data") else ""
+    if meta.get("in_chans", info.in_chans) != info.in_chans:
+        raise CheckpointError(
+            f"{source} was trained on {meta['in_chans']}-channel images and {info.name} has "
+            f"{info.in_chans}-channel images; evaluate on the data set it was trained on{trained_on}"
+        )
+    if meta["num_classes"] != info.num_classes:
+        raise CheckpointError(
+            f"{source} has {meta['num_classes']} classes, the data {info.name} has {info.num_classes}; "
+            f"evaluate on the data set it was trained on{trained_on}, or data with the model's classes"
+        )
+    if meta.get("classes") and list(meta["classes"]) != list(info.classes):
+        raise DataError(
+            f"the class folders of {info.name} differ from those {source} was trained on{trained_on}; "
+            f"evaluate on data with the same class names"
+        )
 
 
 def eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Optional[int]) -> dict[str, Any]:
@@ -177,26 +161,14 @@ def evaluate_checkpoint(
         raise CheckpointError("nothing to evaluate; pass --checkpoint PATH, or --model NAME --pretrained")
     dist_info = init_distributed(device)
     try:
-        ckpt = read_checkpoint(checkpoint) if checkpoint else {}
-        task = (ckpt.get("meta") or {}).get("task", "classification")
-        if task != "classification":
-            command = {"detection": "det", "segmentation": "seg"}.get(task, task)
-            raise CheckpointError(f"{checkpoint} is a {task} checkpoint; evaluate it with: weightformer {command} eval "
-                                  f"--checkpoint {checkpoint}")
-        saved_data = (ckpt.get("meta") or {}).get("data")
-        data = data or saved_data
+        loaded = load_model(checkpoint, task="classification", model=model, model_kwargs=model_kwargs,
+                            use_ema=use_ema, pretrained=pretrained and checkpoint is None)
+        net, meta = loaded.model, loaded.meta
+        data = data or meta.get("data")
         if data is None:
             raise DataError("no data to evaluate on; pass --data PATH (an ImageFolder with val/) or mnist")
         info, splits = open_dataset(data, splits=("val",), warn=dist_info.is_main)
-        meta = _model_meta(ckpt, model, model_kwargs, info, checkpoint)
-        net = build_model(meta, pretrained=pretrained and checkpoint is None)
-        if checkpoint:
-            load_weights(net, ckpt, use_ema=use_ema, source=checkpoint)
-        elif net.num_classes != info.num_classes:
-            raise CheckpointError(
-                f"pretrained {model} has {net.num_classes} classes, {data} has {info.num_classes}; "
-                f"evaluate on data with the model's classes"
-            )
+        check_data_fits(meta, info, loaded.source)
         data_config = eval_transform_config(net, meta, img_size)
         net.to(dist_info.device)
         check_input_size(net, {"model": meta["model"], "in_chans": info.in_chans,

@@ -1,0 +1,81 @@
+"""Classification's settings: the engine's, plus timm's augmentation and evaluation preprocessing.
+
+The defaults are the release's ImageNet recipe for WeightFormer-T (the authors' ``config.py`` and
+``cfg/wfm_t.yaml``, trained there on 8 GPUs x 256 images); a run's recipe sets the rest for its data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+from timm.data import create_transform
+from timm.data.transforms import _str_to_torch_interpolation
+
+from ..engine.config import TrainConfig, setting
+from ..engine.errors import ConfigError
+from ..models.names import check_timm_model
+
+__all__ = ["ClassificationConfig"]
+
+# What timm's transforms accept for both the train and eval pipelines (str_to_interp_mode's keys).
+INTERPOLATIONS = tuple(_str_to_torch_interpolation)
+
+
+def _probability(value: float) -> bool:
+    return 0 <= value <= 1
+
+
+@dataclass
+class ClassificationConfig(TrainConfig):
+    """A classification run: any timm model on an ImageFolder tree or a built-in data set."""
+
+    data: str = setting("mnist", help="an ImageFolder tree with train/ and val/ (class folders in each), or a "
+                                      "built-in data set: mnist, glyph_match, glyph_count, path_link")
+    model: str = setting("weightformer_tiny", help="any timm model name")
+    # Passed to timm.create_model, with timm's meanings: drop_rate is dropout before the classifier
+    # head, proj_drop_rate dropout inside each MLP (the release's DROP_RATE), drop_path_rate the
+    # stochastic depth of the last block. WeightFormer's defaults (all 0.0) are the release's T.
+    smoothing: float = 0.1
+    mixup: float = 0.8  # Beta alpha; 0 turns mixup off
+    cutmix: float = 1.0  # Beta alpha; 0 turns cutmix off
+    auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1"  # a timm RandAugment/AugMix/AutoAugment string
+    reprob: float = 0.25  # random erasing probability
+    color_jitter: float = 0.4  # timm applies it only without auto_augment (or with a "3a" policy)
+    train_scale: tuple[float, float] = (0.08, 1.0)  # RandomResizedCrop area range
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875  # eval: resize to img_size / crop_pct, centre-crop img_size
+    crop_mode: Optional[str] = None  # eval resize: center, squash or border; None: the model's pretrained config
+
+    RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
+        ("smoothing", lambda v: 0 <= v < 1, "in [0, 1): 0 for none, 0.1 for the paper's"),
+        ("mixup", lambda v: v >= 0, "0 (off) or a positive Beta alpha such as 0.8"),
+        ("cutmix", lambda v: v >= 0, "0 (off) or a positive Beta alpha such as 1.0"),
+        ("reprob", _probability, "a probability in [0, 1]"),
+        ("color_jitter", lambda v: v >= 0, "0 (off) or more, such as 0.4"),
+        ("train_scale", lambda v: 0 < v[0] <= v[1] <= 1, "[min, max] image-area fractions with 0 < min <= max <= 1"),
+        ("crop_pct", lambda v: 0 < v <= 1, "in (0, 1], such as 0.875"),
+        ("crop_mode", lambda v: v in (None, "center", "squash", "border"), "center, squash, border, or null (the model's)"),
+    )
+
+    def check(self) -> None:
+        super().check()
+        check_timm_model(self.model)
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
+        check_auto_augment(self.auto_augment)
+
+
+def check_auto_augment(policy: Optional[str]) -> None:
+    """``policy`` must parse with timm's RandAugment/AugMix/AutoAugment parsers (as create_transform calls them)."""
+    if not policy:
+        return
+    try:
+        create_transform(32, is_training=True, auto_augment=policy)
+    except (AssertionError, ValueError) as exc:  # how timm's parsers reject a policy string
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "timm cannot parse it"
+        raise ConfigError(
+            f"auto_augment {policy!r} is not a timm augmentation policy ({reason}); use a RandAugment string "
+            f"such as rand-m9-mstd0.5-inc1, an AugMix string such as augmix-m5-w4-d2, an AutoAugment policy "
+            f"(original, originalr, v0, v0r, 3a), or null for none"
+        ) from exc

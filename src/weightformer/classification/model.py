@@ -1,0 +1,94 @@
+"""A timm classifier rebuilt from a checkpoint's ``meta``, and the one-forward check that it takes the
+run's image size."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import timm
+import torch
+from huggingface_hub.errors import HfHubHTTPError
+from torch import nn
+
+from ..checkpoint import CheckpointError
+from ..engine.errors import ConfigError, is_signature_error
+
+__all__ = ["build_classifier", "check_input_size", "pretrained_cfg"]
+
+
+def pretrained_cfg(model_name: str) -> dict[str, Any]:
+    """timm's pretrained config of ``model_name`` as a dict ({} if it has none)."""
+    if not timm.is_model(model_name):
+        raise ConfigError(f"unknown timm model {model_name!r}; list names with timm.list_models('*{model_name[:6]}*')")
+    cfg = timm.models.get_pretrained_cfg(model_name)
+    return cfg.to_dict() if cfg is not None else {}
+
+
+def build_classifier(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Module:
+    """``timm.create_model`` from a checkpoint's ``meta`` (name, kwargs, classes, channels).
+
+    Only the errors that mean a bad argument become a :class:`ConfigError`: a ``ValueError`` the
+    model raises for a value it refuses, and the ``TypeError`` of a keyword it does not take. Pretrained
+    weights that cannot be fetched (offline, no such repository) are a :class:`CheckpointError`.
+    Anything else is a bug and keeps its traceback.
+    """
+    name = meta["model"]
+    if not timm.is_model(name):
+        raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
+    kwargs = meta["model_kwargs"]
+    try:
+        return timm.create_model(
+            name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **kwargs
+        )
+    except TypeError as exc:
+        if not is_signature_error(exc):
+            raise
+        raise ConfigError(f"{name} does not take the model arguments {kwargs}: {exc}; check --model-kwargs") from exc
+    except ValueError as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot build {name} with model arguments {kwargs}: {detail}; check --model-kwargs") from exc
+    except (HfHubHTTPError, OSError) as exc:
+        if not pretrained:
+            raise
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"cannot get the pretrained weights of {name} ({type(exc).__name__}: {detail}); connect to the "
+            f"Hugging Face Hub (HF_HUB_OFFLINE unset), or pass the downloaded file with --checkpoint FILE"
+        ) from exc
+
+
+def _blank_forward(model: nn.Module, in_chans: int, size: int, device: torch.device) -> None:
+    with torch.no_grad():
+        model(torch.zeros(1, in_chans, size, size, device=device))
+
+
+def check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.device) -> None:
+    """One eval-mode forward of a blank image, so a model that cannot take this size fails with one line.
+
+    A ValueError, or the AssertionError of timm's size checks, is a refusal of the input: a user's
+    mistake. A RuntimeError (a kernel larger than the feature map, say) counts as one only when the
+    same model runs at its pretrained size; otherwise, and for out of memory, it is reported as
+    what it is.
+    """
+    was_training = model.training
+    model.eval()
+    size = meta["img_size"]
+    try:
+        _blank_forward(model, meta["in_chans"], size, device)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        if isinstance(exc, (torch.OutOfMemoryError, NotImplementedError)) or "can't allocate memory" in str(exc):
+            raise
+        if isinstance(exc, RuntimeError):
+            reference = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))[-1]
+            if reference == size:
+                raise
+            try:
+                _blank_forward(model, meta["in_chans"], reference, device)
+            except Exception:
+                raise exc from None  # fails at its own size too: not a matter of the image size
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{meta['model']} cannot take {size} px images ({reason}); "
+            f"pass a larger --img-size or model kwargs that fit (e.g. a smaller patch_size)"
+        ) from exc
+    model.train(was_training)

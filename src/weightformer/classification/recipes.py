@@ -1,0 +1,63 @@
+"""Classification's recipes: the bundled sets' own, the release's ImageNet recipe, and two for a user's
+own ImageFolder tree that is smaller than ImageNet (from scratch, or fine-tuning ``--init`` weights).
+
+The release's recipe (300 epochs at 8 x 256 images, RandAugment, Mixup/CutMix, erasing) needs
+ImageNet's size: on a few hundred images it takes one step an epoch. A smaller folder gets a recipe
+that takes hundreds of steps in a few dozen epochs, with the augmentation small data can bear.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..data import BUILTIN_DATASETS
+from ..data.folder import IMG_EXTENSIONS
+from ..engine.recipes import Recipe, RecipeChoice, count_files
+
+__all__ = ["FINE_TUNE", "FULL_SCALE_IMAGES", "IMAGENET", "RECIPES", "SMALL_DATA", "choose_recipe", "offline_recipe"]
+
+FULL_SCALE_IMAGES = 100_000  # training images from which a folder gets the release's ImageNet recipe
+
+# The release's recipe is ClassificationConfig's own defaults.
+IMAGENET = Recipe("imagenet", "the release's ImageNet-1K recipe (300 epochs, batch 256 per process, lr 5e-4 per 512, "
+                              "RandAugment, Mixup/CutMix, erasing)", {})
+# From scratch on a few hundred to tens of thousands of images: batch 32 (so even 300 images give 9
+# steps an epoch), 100 epochs, RandAugment and erasing but no Mixup/CutMix (they need long schedules),
+# lr 4e-3 per 512 (2.5e-4 at batch 32), 5 warm-up epochs.
+SMALL_DATA = Recipe("small-data", "WeightFormer-T from scratch, batch 32, 100 epochs, RandAugment without "
+                                  "Mixup/CutMix", {
+    "epochs": 100, "batch_size": 32, "lr": 4e-3, "min_lr": 4e-5, "warmup_lr": 4e-6, "warmup_epochs": 5,
+    "mixup": 0.0, "cutmix": 0.0, "train_scale": (0.35, 1.0),
+})
+# Fine-tuning --init weights (the authors' ImageNet checkpoint, say) on a smaller set: DeiT's
+# fine-tuning rates (lr 1e-4 at batch 64: 8e-4 per 512), 30 epochs, 2 of warm-up, light augmentation.
+FINE_TUNE = Recipe("fine-tune", "fine-tune the --init weights: batch 32, 30 epochs, lr 8e-4 per 512, light "
+                                "augmentation", {
+    "epochs": 30, "batch_size": 32, "lr": 8e-4, "min_lr": 8e-6, "warmup_lr": 8e-7, "warmup_epochs": 2,
+    "weight_decay": 0.05, "mixup": 0.0, "cutmix": 0.0, "reprob": 0.0, "train_scale": (0.35, 1.0),
+})
+
+
+def offline_recipe(data: str) -> Recipe:
+    """The recipe a bundled data set brings (:data:`weightformer.data.BUILTIN_DATASETS`)."""
+    spec = BUILTIN_DATASETS[data]
+    return Recipe("offline", f"the bundled {data.partition(':')[0]} set's own small-CPU recipe", dict(spec.defaults))
+
+
+def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
+    """See the module docstring: a bundled set's own; for a folder, by its size and ``--init``."""
+    if data in BUILTIN_DATASETS:
+        return RecipeChoice(offline_recipe(data), f"{data} is a bundled data set")
+    train = Path(data).expanduser() / "train"
+    images = count_files(train, IMG_EXTENSIONS) if train.is_dir() else 0
+    init = settings.get("init")
+    if images >= FULL_SCALE_IMAGES:
+        return RecipeChoice(IMAGENET, f"{train} holds {images} images, ImageNet's scale (at least {FULL_SCALE_IMAGES})")
+    size = f"{train} holds {images} images, fewer than the {FULL_SCALE_IMAGES} the ImageNet recipe needs"
+    if init:
+        return RecipeChoice(FINE_TUNE, f"{size}, and --init gives weights to start from")
+    return RecipeChoice(SMALL_DATA, f"{size}, and there is no --init to fine-tune (pass --init to fine-tune weights)")
+
+
+RECIPES = (IMAGENET, SMALL_DATA, FINE_TUNE)

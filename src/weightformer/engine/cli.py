@@ -1,0 +1,264 @@
+"""The command line of every task, built from the task: ``train`` from its config section, its other
+subcommands from :meth:`Task.commands`; the flags every task shares are defined here, once.
+
+``weightformer det train`` gets one flag per setting of ``DetectionConfig`` that has help (the rest
+through ``--set name=value``), each flag's ``(default: ...)`` read off the task's recipes, so help
+never goes stale and always speaks of that task. Exit codes: 0 done; 2 a user's mistake (one
+``error:`` line); 1 a run that failed for another reason: out of memory or a diverged loss (one
+line), or a bug (its traceback, and where to report it); 130 / 143 a run stopped by SIGINT / SIGTERM
+after saving its checkpoint; a task's command may add its own (classification's ``predict``: 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import traceback
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from .config import config_fields, parse_model_kwargs
+from .errors import USER_ERRORS, TrainingDivergedError
+
+__all__ = [
+    "BUG_REPORT", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments", "build_parser",
+    "exit_code", "json_path_argument", "main", "one_line", "print_and_write_results", "run_reporting_errors",
+    "train_overrides",
+]
+
+SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem with your input; please report it "
+              "on the weightformer issue tracker with the command you ran and the traceback above")
+_NOT_SETTINGS = ("command", "config_file", "model_kwargs", "model_arg", "set")
+
+
+# -------------------------------------------------------------------------------------------------
+# train: flags from the config section
+# -------------------------------------------------------------------------------------------------
+def _default_text(task: Any, name: str) -> str:
+    """``(default: X)``, or, where the recipes differ, ``(default: X (offline); Y (vitdet-coco, small-data))``."""
+    spec = config_fields(task.config_class)[name]
+    own = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+    groups: list[tuple[Any, list[str]]] = []
+    for recipe in task.recipes():
+        value = recipe.values.get(name, own)
+        for known, names in groups:
+            if known == value:
+                names.append(recipe.name)
+                break
+        else:
+            groups.append((value, [recipe.name]))
+    if len(groups) <= 1:
+        return f"(default: {_shown(groups[0][0] if groups else own)})"
+    return "(default: " + "; ".join(f"{_shown(value)} ({', '.join(names)})" for value, names in groups) + ")"
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value) or "none"
+    return str(value).replace("%", "%%")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
+    """A flag for each setting of ``task.config_class`` that has help, plus the shared ``--config``,
+    ``--model-kwargs`` and ``--set``. Every default is SUPPRESS: only flags the user gives override the
+    recipe and the config file."""
+    S = argparse.SUPPRESS
+    parser.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
+                        help="YAML file of settings; flags override it")
+    hints = typing.get_type_hints(task.config_class)
+    for name, spec in config_fields(task.config_class).items():
+        meta = spec.metadata
+        if not meta.get("help"):
+            continue
+        flag = meta.get("flag") or f"--{name.replace('_', '-')}"
+        text = meta["help"] if "(default" in meta["help"] else f"{meta['help']} {_default_text(task, name)}"
+        hint = hints[name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = args[0] if typing.get_origin(hint) is typing.Union else hint
+        if base is bool:
+            action = "store_false" if flag.startswith("--no-") else "store_true"
+            parser.add_argument(flag, dest=name, action=action, default=S, help=text)
+        elif typing.get_origin(base) is tuple:
+            nargs = "+" if typing.get_args(base)[-1] is Ellipsis else len(typing.get_args(base))
+            parser.add_argument(flag, dest=name, type=float, nargs=nargs, default=S, help=text,
+                                metavar=meta.get("metavar"))
+        else:
+            parser.add_argument(flag, dest=name, type=base, default=S, help=text, choices=meta.get("choices"),
+                                metavar=meta.get("metavar"))
+    parser.add_argument("--model-kwargs", "--model-arg", dest="model_kwargs", nargs="+", action="extend",
+                        metavar="KEY=VALUE", default=[],
+                        help="keyword arguments of the model builder, e.g. patch_size=4 drop_path_rate=0.1 "
+                             "(--model-arg is the same flag)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="any other setting, e.g. --set weight_decay=0.1 (every setting: docs/train.md)")
+
+
+def train_overrides(args: argparse.Namespace, task: Any) -> dict[str, Any]:
+    """The settings the user gave as flags (``--set`` and ``--model-kwargs`` included)."""
+    fields = config_fields(task.config_class)
+    values = {k: v for k, v in vars(args).items() if k in fields and k != "model_kwargs"}
+    values.update(parse_model_kwargs(getattr(args, "set", []), flag="--set"))
+    model_kwargs = parse_model_kwargs(getattr(args, "model_kwargs", []), flag="--model-kwargs")
+    if model_kwargs:
+        values["model_kwargs"] = {**values.get("model_kwargs", {}), **model_kwargs}
+    return values
+
+
+def _task_arguments(args: argparse.Namespace, task: Any) -> argparse.Namespace:
+    """The flags of :meth:`Task.add_train_arguments` (those that are not settings)."""
+    fields = config_fields(task.config_class)
+    return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
+
+
+def exit_code(result: Any) -> int:
+    """0 for a finished run, 130 / 143 for one stopped by SIGINT / SIGTERM."""
+    return SIGNAL_EXIT_CODES.get(result.stopped_by, 130) if result.stopped_by else 0
+
+
+def _run_train(task: Any, args: argparse.Namespace) -> int:
+    from .loop import train
+
+    extra = _task_arguments(args, task)
+    task.check_train_arguments(extra)
+    result = train(train_overrides(args, task), config_file=getattr(args, "config_file", None), task=task)
+    if result.stopped_by is None:
+        task.after_training(result, extra)
+    return exit_code(result)
+
+
+# -------------------------------------------------------------------------------------------------
+# Shared flags of the other subcommands
+# -------------------------------------------------------------------------------------------------
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, task: Any, required: bool = True) -> None:
+    """``--checkpoint``, ``--ema`` and ``--device``, the flags of every command that loads a model."""
+    parser.add_argument("--checkpoint", required=required,
+                        help=f"a last.pt or best.pt written by {task.command()} train")
+    parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto: cuda if available (default: auto)")
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH (checked before the work)")
+
+
+def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
+    """``--json PATH``, checked before the work (not after it), or None."""
+    from .run_dir import check_writable_file
+
+    if not getattr(args, "json", None):
+        return None
+    path = Path(args.json)
+    check_writable_file(path, "--json")
+    return path
+
+
+def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
+    """Print ``result`` as a JSON line, then write it to ``json_path`` (checked before the work);
+    a write that fails after all costs only the file, never the printed numbers. Returns the exit code."""
+    print(json.dumps(result), flush=True)
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:
+            print(f"error: the results above could not be written to --json {json_path} ({exc.strerror or exc})",
+                  file=sys.stderr)
+            return 2
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------
+# Errors
+# -------------------------------------------------------------------------------------------------
+def _format_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+    return f"warning: {message}\n"
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` as one line. (A DataError from a DataLoader worker already carries its
+    original one-line message: the error type unwraps torch's re-raise text itself.)"""
+    text = str(exc).strip()
+    return " ".join(text.splitlines()) if text else type(exc).__name__
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
+def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
+    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring."""
+    previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return command()
+    except USER_ERRORS as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except TrainingDivergedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("aborted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if _is_out_of_memory(exc):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            print(f"error: out of memory ({first}); pass a smaller --batch-size"
+                  f"{' or --grad-checkpointing' if hint_grad_checkpointing else ''}", file=sys.stderr)
+            return 1
+        traceback.print_exc()
+        print(f"\n{BUG_REPORT}", file=sys.stderr)
+        return 1
+    finally:
+        warnings.formatwarning = previous_format
+
+
+# -------------------------------------------------------------------------------------------------
+# A task's whole command line
+# -------------------------------------------------------------------------------------------------
+def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.ArgumentParser:
+    """The ``train`` subcommand of ``task`` on the subparsers ``sub``."""
+    recipes = "; ".join(f"{r.name}: {r.summary}" for r in task.recipes())
+    train = sub.add_parser(
+        name, help=f"train a {task.name} model", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
+                    f"and why; flags and --config override it.\nRecipes: {recipes}.")
+    add_settings_arguments(train, task)
+    task.add_train_arguments(train)
+    return train
+
+
+def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentParser:
+    """``weightformer <task>``'s parser: ``train`` and the task's commands."""
+    parser = argparse.ArgumentParser(prog=prog or task.command(), description=task.summary or None)
+    commands = list(task.commands())
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{" + ",".join(["train", *(c.name for c in commands)]) + "}")
+    add_train_parser(sub, task)
+    for command in commands:
+        p = sub.add_parser(command.name, help=command.help, description=command.description)
+        command.add_arguments(p)
+    return parser
+
+
+def main(task: Any, argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """Entry point of ``weightformer <task>``; returns the exit code."""
+    args = build_parser(task, prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+    name = args.command
+    del args.command
+    if name == "train":
+        return run_reporting_errors(lambda: _run_train(task, args), hint_grad_checkpointing=True)
+    command = next(c for c in task.commands() if c.name == name)
+    return run_reporting_errors(lambda: command.run(args))

@@ -1,0 +1,64 @@
+"""Tasks by name: what a checkpoint's ``meta["task"]`` and the command line refer to.
+
+The engine imports no task: the package registers its tasks at import (:mod:`weightformer.tasks`),
+as import paths that are imported only when a task is used, and a task of your own registers itself
+with :func:`register_task`. The *default* task is the one that weights without a task belong to
+(the authors' releases, timm's files, bare state dicts: classifiers).
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import import_module
+from typing import TYPE_CHECKING, Union
+
+from ..checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from .task import Task
+
+__all__ = ["default_task", "get_task", "register_task", "task_names"]
+
+_TASKS: dict[str, Union[str, "type[Task]"]] = {}
+_DEFAULT: list[str] = []
+
+
+def register_task(task: Union[str, "type[Task]"], name: str | None = None, default: bool = False) -> None:
+    """Make a task known by ``name`` (default: its ``name`` attribute): a Task subclass, or the import
+    path ``"package.module:ClassName"`` of one (imported on first use). ``default``: weights that name no
+    task are this task's. Registering a name again replaces the entry."""
+    if isinstance(task, str):
+        if name is None:
+            raise ValueError("register_task needs the name of a task given as an import path")
+    else:
+        name = name or task.name
+    _TASKS[name] = task
+    if default:
+        _DEFAULT[:] = [name]
+
+
+def get_task(name: str) -> "type[Task]":
+    """The task registered as ``name``; CheckpointError for a name nobody registered."""
+    entry = _TASKS.get(name)
+    if entry is None:
+        close = difflib.get_close_matches(str(name), _TASKS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CheckpointError(f"no task named {name!r}{hint}; the known tasks are {', '.join(sorted(_TASKS))}. "
+                              f"A task of your own must be registered with weightformer.engine.register_task")
+    if isinstance(entry, str):
+        module, _, attribute = entry.partition(":")
+        entry = getattr(import_module(module), attribute)
+        _TASKS[name] = entry
+    return entry
+
+
+def default_task() -> "type[Task]":
+    """The task of weights that name none."""
+    if not _DEFAULT:
+        raise CheckpointError("no default task is registered; import weightformer, or pass the task")
+    return get_task(_DEFAULT[0])
+
+
+def task_names() -> list[str]:
+    """The names of every registered task, in registration order."""
+    return list(_TASKS)
