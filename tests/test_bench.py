@@ -15,7 +15,7 @@ from weightformer.bench import (
     SweepConfig,
     attach_ratios,
     attention_flops,
-    build_model,
+    build_variant,
     count_flops,
     get_variant,
     measure_memory,
@@ -39,8 +39,8 @@ def test_attention_flops_matches_counter_on_explicit_matmuls():
 
 def test_fused_attention_flops_equal_explicit_ones():
     images = torch.randn(1, 3, 32, 32)
-    fused = count_flops(build_model(get_variant("deit-t"), 32), images)
-    explicit = count_flops(build_model(get_variant("deit-t-explicit"), 32), images)
+    fused = count_flops(build_variant(get_variant("deit-t"), 32), images)
+    explicit = count_flops(build_variant(get_variant("deit-t-explicit"), 32), images)
     assert explicit.flops_attention_added == 0
     assert fused.flops == explicit.flops
     assert fused.macs == fused.flops // 2

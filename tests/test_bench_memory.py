@@ -24,14 +24,14 @@ def _tiny(**kwargs) -> SweepConfig:
 
 
 def _failing_build(monkeypatch, error: BaseException, model: str = "deit-t") -> None:
-    build = sweep.build_model
+    build = sweep.build_variant
 
-    def build_model(variant, resolution, device="cpu"):
+    def build_variant(variant, resolution, device="cpu"):
         if variant.key == model and device != "meta":
             raise error
         return build(variant, resolution, device)
 
-    monkeypatch.setattr(sweep, "build_model", build_model)
+    monkeypatch.setattr(sweep, "build_variant", build_variant)
 
 
 @pytest.mark.parametrize(

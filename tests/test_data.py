@@ -141,3 +141,24 @@ def test_seeded_augmentation_depends_only_on_seed_epoch_index(tmp_path: Path):
     state = torch.get_rng_state()
     dataset[0]
     assert torch.equal(torch.get_rng_state(), state)  # the global stream is left as it was
+
+
+def test_randaugment_posterize_at_full_magnitude_gives_black_instead_of_crashing():
+    """The release's rand-m9-mstd0.5-inc1 maps magnitude 10 to 0 bits; Pillow 13 refuses 0 bits."""
+    import PIL
+    from PIL import Image
+    from timm.data import auto_augment
+
+    from weightformer.data.transforms import build_transforms
+
+    train, _ = build_transforms(28, (0.5,) * 3, (0.5,) * 3, auto_augment="rand-m9-mstd0.5-inc1")
+    ops = [op for step in train.transforms for op in getattr(step, "ops", ()) if op.name == "PosterizeIncreasing"]
+    assert len(ops) == 1
+    image = Image.new("RGB", (8, 8), (200, 100, 50))
+    (bits,) = auto_augment._posterize_increasing_level_to_arg(10.0, {})
+    assert bits == 0
+    assert ops[0].aug_fn(image, bits).getextrema() == ((0, 0),) * 3
+    assert ops[0].aug_fn(image, 4).getpixel((0, 0)) == (192, 96, 48)  # 4 bits kept, as Pillow does it
+    if int(PIL.__version__.split(".")[0]) >= 13:
+        with pytest.raises(ValueError):
+            auto_augment.posterize(image, bits)  # what timm's own op does here

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from weightformer.detection import synthetic as det_synthetic
+from weightformer.detection.config import DetectionConfig
 from weightformer.detection.data import RandomFlip
 from weightformer.detection.task import DetectionTask
 from weightformer.engine.config import TrainConfig, load_config_file, validate_config
 from weightformer.engine.distributed import DistInfo
 from weightformer.engine.loop import build_data, build_training
+from weightformer.segmentation.config import SegmentationConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), owns_process_group=False)
@@ -31,11 +33,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
     ("coco_maskrcnn_weightformer_t_1x.yaml",
      dict(cascade=False, img_size=800, det_resize="shortest_edge", det_max_size=1333, epochs=12,
           decay_milestones=(8.0, 11.0))),
-    ("ade20k_upernet_weightformer_s_160k.yaml",
-     dict(model="weightformer_small", num_classes=150, img_size=512, sched="poly", decay_rate=1.0, seg_inference="slide")),
 ])
-def test_shipped_dense_configs_validate(name: str, expected: dict):
-    cfg = validate_config(TrainConfig(**load_config_file(CONFIGS / name)))
+def test_shipped_detection_configs_validate(name: str, expected: dict):
+    cfg = validate_config(DetectionConfig(**load_config_file(CONFIGS / name, DetectionConfig)))
+    assert {k: getattr(cfg, k) for k in expected} == expected
+
+
+def test_shipped_segmentation_config_validates():
+    values = load_config_file(CONFIGS / "ade20k_upernet_weightformer_s_160k.yaml", SegmentationConfig)
+    cfg = validate_config(SegmentationConfig(**values))
+    expected = dict(model="weightformer_small", num_classes=150, img_size=512, sched="poly", decay_rate=1.0,
+                    seg_inference="slide", seg_crop=512, seg_stride=341)
     assert {k: getattr(cfg, k) for k in expected} == expected
 
 
@@ -54,7 +62,7 @@ def _training(tmp_path: Path, **overrides):
                   warmup_epochs=0,
                   workers=0, device="cpu", lr=5.12, min_lr=0.0)
     values.update(overrides)
-    cfg = validate_config(TrainConfig(**values))
+    cfg = validate_config(DetectionConfig(**values))
     task = DetectionTask(cfg)
     loaded = build_data(cfg, task, CPU)
     return task, loaded, build_training(cfg, task, loaded, CPU)

@@ -16,7 +16,8 @@ from weightformer.detection.task import BACKBONE_PATH as DET_BACKBONE, Detection
 from weightformer.engine import train
 from weightformer.engine.config import TrainConfig, validate_config
 from weightformer.engine.distributed import DistInfo
-from weightformer.engine.state import read_checkpoint
+from weightformer.engine.weights import read_checkpoint
+from weightformer.segmentation.config import SegmentationConfig
 from weightformer.segmentation.synthetic import write_shapes as write_seg_shapes
 from weightformer.segmentation.task import BACKBONE_PATH as SEG_BACKBONE, SegmentationTask
 
@@ -49,7 +50,7 @@ def _backbone_matches(model: torch.nn.Module, path: str, state: dict[str, torch.
 def _seg_task(tmp_path: Path, **overrides) -> SegmentationTask:
     data = write_seg_shapes(tmp_path / "seg", train=2, val=1)
     values = {"data": str(data), "model_kwargs": dict(SEG_KWARGS), "img_size": 32, "num_classes": 4, **overrides}
-    return SegmentationTask(validate_config(TrainConfig(**values)))
+    return SegmentationTask(validate_config(SegmentationConfig(**values)))
 
 
 def test_segmentation_takes_only_the_backbone_of_a_classifier(tmp_path: Path, classifier_file):

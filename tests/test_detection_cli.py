@@ -1,4 +1,5 @@
-"""``weightformer det train|eval|predict`` end to end on a few images of the offline shapes set."""
+"""``weightformer det train|eval|predict`` end to end on a few images of the offline shapes set, and on
+checkpoints written before the whole-task redesign."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from weightformer.detection import synthetic
 from weightformer.engine.metrics import read_metrics
 
 SMALL_SPLITS = {"train": 8, "val": 4}
+LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoints"  # written by commit 85154e8
 # A detector small enough for a step in a fraction of a second on one core.
 TINY = ["--model-kwargs", "embed_dim=32", "depth=2", "conv_dim=16", "fc_dim=32", "rpn_pre_nms_top_n_train=100",
         "rpn_post_nms_top_n_train=32", "rpn_pre_nms_top_n_test=50", "rpn_post_nms_top_n_test=16",
@@ -107,6 +109,58 @@ def test_predict_draws_and_lists_detections(trained: Path, shapes: Path, tmp_pat
     assert "detection(s)" in capsys.readouterr().out
 
 
+def test_predict_replaces_its_earlier_files_only_with_overwrite(trained: Path, shapes: Path, tmp_path: Path, capsys):
+    image = str(sorted((shapes / "images" / "val").glob("*.png"))[0])
+    out = tmp_path / "pred"
+    command = ["det", "predict", "--checkpoint", str(trained / "last.pt"), image, "--out", str(out), "--device", "cpu"]
+    assert main(command) == 0
+    (out / "detections.json").write_text("mine")
+    capsys.readouterr()
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds detections.json" in err[0] and "--overwrite" in err[0]
+    assert (out / "detections.json").read_text() == "mine"
+    assert main([*command, "--overwrite"]) == 0
+    assert json.loads((out / "detections.json").read_text())[0]["image"] == image
+
+
+def test_eval_and_predict_read_a_checkpoint_of_the_old_format(shapes: Path, tmp_path: Path, capsys):
+    """A best.pt of ``weightformer det train`` before the redesign: no split names in its config."""
+    best = LEGACY / "det" / "best.pt"
+    ckpt = torch.load(best, weights_only=True)
+    assert "val_split" not in ckpt["config"] and ckpt["meta"]["task"] == "detection"
+    code = main(["det", "eval", "--checkpoint", str(best), "--data", str(shapes), "--device", "cpu", "--workers", "0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["images"] == SMALL_SPLITS["val"] and result["split"] == "val" and 0 <= result["bbox_mAP"] <= 100
+    image = sorted((shapes / "images" / "val").glob("*.png"))[0]
+    assert main(["det", "predict", "--checkpoint", str(best), str(image), "--out", str(tmp_path / "pred"),
+                 "--score-threshold", "0", "--device", "cpu"]) == 0
+    records = json.loads((tmp_path / "pred" / "detections.json").read_text())
+    assert records[0]["image"] == str(image)
+    assert all(d["label"] in ckpt["meta"]["classes"] for d in records[0]["detections"])
+
+
+@pytest.mark.parametrize("command", ["eval", "predict"])
+def test_a_classification_checkpoint_is_the_one_wrong_task_line(command: str, shapes: Path, tmp_path: Path, capsys):
+    checkpoint = str(LEGACY / "cls" / "best.pt")
+    image = str(sorted((shapes / "images" / "val").glob("*.png"))[0])
+    rest = ["--data", str(shapes)] if command == "eval" else [image, "--out", str(tmp_path / "pred")]
+    assert main(["det", command, "--checkpoint", checkpoint, "--device", "cpu", *rest]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {checkpoint} is a classification checkpoint, not a detection one; use it with weightformer "
+                   f"(e.g. weightformer eval --checkpoint {checkpoint})"]
+
+
+def test_weights_without_a_description_are_refused_in_one_line(trained: Path, tmp_path: Path, capsys):
+    bare = tmp_path / "bare.pt"
+    torch.save(torch.load(trained / "best.pt", weights_only=True)["model"], bare)
+    assert main(["det", "eval", "--checkpoint", str(bare), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "without the description of a detection model" in err[0]
+
+
 def test_predict_on_a_missing_image_is_one_error_line(trained: Path, tmp_path: Path, capsys):
     code = main(["det", "predict", "--checkpoint", str(trained / "last.pt"), str(tmp_path / "nope.png"),
                  "--out", str(tmp_path / "pred")])
@@ -147,3 +201,10 @@ def test_help_shows_the_defaults(command: str, capsys):
         main(["det", command, "--help"])
     assert exit_info.value.code == 0
     assert "default" in capsys.readouterr().out
+
+
+def test_the_task_help_speaks_of_detection(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["det", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "Mask R-CNN" in out and "{train,eval,predict}" in out

@@ -12,7 +12,8 @@ import torch
 from conftest_train import assert_same_weights, weights
 from weightformer.detection import DetectionTask, SeededJitterDataset, synthetic
 from weightformer.detection.task import split_model_kwargs
-from weightformer.engine import TrainConfig, train
+from weightformer.detection.config import DetectionConfig
+from weightformer.engine import train
 from weightformer.engine.distributed import init_distributed
 from weightformer.engine.metrics import read_metrics
 
@@ -56,7 +57,7 @@ def test_max_steps_then_resume_matches_uninterrupted(shapes: Path, tmp_path: Pat
 
 
 def test_jitter_depends_on_seed_epoch_and_index_only(shapes: Path):
-    task = DetectionTask(TrainConfig(**_config(shapes, shapes.parent / "unused")))
+    task = DetectionTask(DetectionConfig(**_config(shapes, shapes.parent / "unused")))
     data = task.build_data(init_distributed("cpu"))
     train_set = data.train_set
     assert isinstance(train_set, SeededJitterDataset)
@@ -70,7 +71,7 @@ def test_jitter_depends_on_seed_epoch_and_index_only(shapes: Path):
 
 
 def test_layer_decay_groups_cover_the_detector(shapes: Path):
-    task = DetectionTask(TrainConfig(**_config(shapes, shapes.parent / "unused", layer_decay=0.5)))
+    task = DetectionTask(DetectionConfig(**_config(shapes, shapes.parent / "unused", layer_decay=0.5)))
     data = task.build_data(init_distributed("cpu"))
     model, meta = task.build_model(data, torch.device("cpu"))
     groups = task.param_groups(model)

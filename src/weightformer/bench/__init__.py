@@ -17,7 +17,7 @@ from .memory import MemoryReport, OutOfMemory, cuda_peak, is_oom
 from .memory import measure as measure_memory
 from .report import check_out_dir, markdown_table, plot_scaling, write_all, write_csv, write_json, write_markdown
 from .sweep import Sweep, SweepConfig, attach_ratios
-from .variants import VARIANTS, Variant, build_model, get_variant, param_count
+from .variants import VARIANTS, Variant, build_variant, get_variant, param_count
 
 __all__ = [
     "FlopReport",
@@ -31,7 +31,7 @@ __all__ = [
     "Variant",
     "attach_ratios",
     "attention_flops",
-    "build_model",
+    "build_variant",
     "check_out_dir",
     "count_flops",
     "cuda_peak",

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from .timing import inference_call, synchronize, training_step
-from .variants import INFER, TRAIN, build_model, get_variant, random_batch
+from .variants import INFER, TRAIN, build_variant, get_variant, random_batch
 
 MIB = 2**20
 _WARMUP_RESOLUTION = 64
@@ -81,7 +81,7 @@ def _reset_peak_rss() -> bool:
 
 def _step(variant_key: str, mode: str, resolution: int, batch: int, device: str, dtype: torch.dtype):
     """Build the model for one point and return (warm-up call, measured call)."""
-    model = build_model(get_variant(variant_key), resolution, device)
+    model = build_variant(get_variant(variant_key), resolution, device)
     small, small_labels = random_batch(1, _WARMUP_RESOLUTION, device)
     images, labels = random_batch(batch, resolution, device)
     if mode == INFER:

@@ -26,7 +26,7 @@ from .journal import Journal, Key
 from .machine import machine_info
 from .memory import is_oom
 from .timing import inference_call, iterations_for, median, round_robin, time_call, training_step
-from .variants import INFER, TRAIN, VARIANTS, Variant, build_model, get_variant, param_count, random_batch
+from .variants import INFER, TRAIN, VARIANTS, Variant, build_variant, get_variant, param_count, random_batch
 
 THROUGHPUT = {INFER: "infer_throughput", TRAIN: "train_throughput"}
 MEMORY = {INFER: "infer_memory", TRAIN: "train_memory"}
@@ -191,7 +191,7 @@ def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fiel
 
 def planned_flops(variant: Variant, resolution: int) -> int:
     """Per-image FLOPs of ``variant`` at ``resolution``, counted on the meta device (no compute, no memory)."""
-    model = build_model(variant, resolution, "meta")
+    model = build_variant(variant, resolution, "meta")
     return count_flops(model, torch.empty(1, 3, resolution, resolution, device="meta")).flops
 
 
@@ -297,7 +297,7 @@ class Sweep:
     ) -> Tuple[Callable[[], None], float]:
         """The point's callable (model and batch built) and the seconds of its warm-up call."""
         cfg = self.config
-        model = build_model(variant, resolution, cfg.device)
+        model = build_variant(variant, resolution, cfg.device)
         images, labels = random_batch(batch, resolution, cfg.device)
         if mode == INFER:
             fn = inference_call(model, images, cfg.torch_dtype)
@@ -342,7 +342,7 @@ class Sweep:
         _release(cfg.device)
 
     def _count(self, variant: Variant, resolution: int, where: str) -> Dict[str, Any]:
-        model = build_model(variant, resolution, where)
+        model = build_variant(variant, resolution, where)
         report = count_flops(model, torch.randn(1, 3, resolution, resolution).to(where))
         entry = {"model": variant.key, "resolution": resolution, "params": param_count(model)}
         entry.update(report.as_dict(), counted_on=where)

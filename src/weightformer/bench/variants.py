@@ -71,7 +71,7 @@ def get_variant(key: str) -> Variant:
     return VARIANTS[key]
 
 
-def build_model(variant: Variant, resolution: int, device: str = "cpu") -> nn.Module:
+def build_variant(variant: Variant, resolution: int, device: str = "cpu") -> nn.Module:
     """Create ``variant`` for ``resolution``² inputs on ``device``, fp32, randomly initialised."""
     kwargs = {"num_classes": 1000, "device": device}
     if variant.is_vit:

@@ -87,7 +87,8 @@ def _check_predict_arguments(args: argparse.Namespace) -> None:
 def _run_predict(args: argparse.Namespace) -> int:
     from ..engine.weights import load_model
     from ..export.files import check_output
-    from .predict import EXIT_SKIPPED, image_paths, predict, write_predictions
+    from ..data.images import image_paths
+    from .predict import EXIT_SKIPPED, predict, write_predictions
 
     _check_predict_arguments(args)
     if args.out:

@@ -9,7 +9,6 @@ are skipped and listed (``weightformer predict`` then exits with :data:`EXIT_SKI
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -25,33 +24,14 @@ from timm.data import ImageNetInfo, create_transform, infer_imagenet_subset
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..data.errors import DataError
-from ..data.folder import DECODE_ERRORS, IMG_EXTENSIONS, list_images, rgb_loader
+from ..data.folder import DECODE_ERRORS, rgb_loader
 from ..engine.weights import LoadedModel
 from ..export.files import output_file
 from .evaluate import eval_transform_config
 
-__all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "image_paths", "predict", "write_predictions"]
+__all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "predict", "write_predictions"]
 
 EXIT_SKIPPED = 3  # every readable image was predicted, and some files were not images that could be read
-
-
-def image_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """The files named, a folder standing for every image file under it (sorted, recursively);
-    :class:`DataError` for a path that does not exist or a folder without images."""
-    files: list[Path] = []
-    for name in paths:
-        path = Path(name).expanduser()
-        if path.is_dir():
-            found = list_images(path, path)
-            if not found:
-                raise DataError(f"folder {path} holds no images ({', '.join(IMG_EXTENSIONS)})")
-            files.extend(Path(p) for p in found)
-        elif path.exists():
-            files.append(path)
-        else:
-            raise DataError(f"{path} does not exist; pass image files or folders of them")
-    return files
 
 
 def class_names(loaded: LoadedModel) -> list[str]:

@@ -8,8 +8,12 @@ that takes hundreds of steps in a few dozen epochs, with the augmentation small 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Mapping
+
+import numpy as np
+from PIL import Image
 
 from ..data import BUILTIN_DATASETS
 from ..data.folder import IMG_EXTENSIONS
@@ -39,6 +43,39 @@ FINE_TUNE = Recipe("fine-tune", "fine-tune the --init weights: batch 32, 30 epoc
 })
 
 
+SMALL_IMAGE_SIDE = 96  # below this typical side, a small-data run keeps the images' size, with 4 px patches
+_SIDES_SAMPLED = 32  # image headers read to find a folder's typical side
+
+
+def typical_side(folder: Path) -> int | None:
+    """The median shorter side of the first few images under ``folder`` (headers only), or None."""
+    sides = []
+    for dirpath, _, names in sorted(os.walk(folder)):
+        for name in sorted(names):
+            if not name.lower().endswith(IMG_EXTENSIONS):
+                continue
+            try:
+                with Image.open(os.path.join(dirpath, name)) as image:  # reads the header, not the pixels
+                    sides.append(min(image.size))
+            except (OSError, ValueError, SyntaxError):
+                continue  # an unreadable file: the data scan reports it
+            if len(sides) == _SIDES_SAMPLED:
+                return int(np.median(sides))
+    return int(np.median(sides)) if sides else None
+
+
+def small_data_recipe(side: int | None) -> Recipe:
+    """:data:`SMALL_DATA`, at the images' own size with MNIST's model (4 px patches, 96 wide, 4 blocks)
+    when they are small (CIFAR-like 32 px images would be 2x2 tokens at patch 16), else at 224 px."""
+    if side is None or side >= SMALL_IMAGE_SIDE:
+        return SMALL_DATA
+    size = max(16, -(-side // 4) * 4)  # a multiple of the 4 px patch
+    return Recipe(SMALL_DATA.name, f"a narrow WeightFormer (4 px patches) from scratch at the images' {size} px, "
+                                   f"batch 32, 100 epochs, RandAugment without Mixup/CutMix",
+                  {**SMALL_DATA.values, "img_size": size,
+                   "model_kwargs": {"patch_size": 4, "embed_dim": 96, "depth": 4, "drop_path_rate": 0.0}})
+
+
 def offline_recipe(data: str) -> Recipe:
     """The recipe a bundled data set brings (:data:`weightformer.data.BUILTIN_DATASETS`)."""
     spec = BUILTIN_DATASETS[data]
@@ -54,10 +91,14 @@ def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     init = settings.get("init")
     if images >= FULL_SCALE_IMAGES:
         return RecipeChoice(IMAGENET, f"{train} holds {images} images, ImageNet's scale (at least {FULL_SCALE_IMAGES})")
-    size = f"{train} holds {images} images, fewer than the {FULL_SCALE_IMAGES} the ImageNet recipe needs"
     if init:
-        return RecipeChoice(FINE_TUNE, f"{size}, and --init gives weights to start from")
-    return RecipeChoice(SMALL_DATA, f"{size}, and there is no --init to fine-tune (pass --init to fine-tune weights)")
+        return RecipeChoice(FINE_TUNE, f"{train} holds {images} images, fewer than the {FULL_SCALE_IMAGES} the "
+                                       f"ImageNet recipe needs, and --init gives weights to start from")
+    side = typical_side(train)
+    small = small_data_recipe(side)
+    sides = f" of {side} px" if small is not SMALL_DATA else ""
+    return RecipeChoice(small, f"{train} holds {images} images{sides}, fewer than the {FULL_SCALE_IMAGES} the ImageNet "
+                               f"recipe needs, and there is no --init to fine-tune (pass --init to fine-tune weights)")
 
 
 RECIPES = (IMAGENET, SMALL_DATA, FINE_TUNE)

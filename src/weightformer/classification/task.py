@@ -31,7 +31,7 @@ class ClassificationTask(Task):
 
     name = "classification"
     cli_name = "cls"
-    summary = "Image classification: any timm model (default: WeightFormer) on an ImageFolder tree or a bundled set."
+    description = "Image classification: any timm model (default: WeightFormer) on an ImageFolder tree or a bundled set."
     config_class = ClassificationConfig
     best_metric = "top1"
     curve_metrics = ("top1", "top5")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps
 from timm.data import create_transform, resolve_data_config
 from torch.utils.data import Dataset, TensorDataset
 
@@ -137,4 +138,29 @@ def build_transforms(
         re_mode="pixel",
         re_count=1,
     )
+    _keep_posterize_in_range(train)
     return train, val
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
+    """timm's posterize, for every bit count its level mapping gives: timm's ``PosterizeIncreasing``
+    (in the release's ``rand-m9-mstd0.5-inc1``) maps the top magnitude to 0 bits, which Pillow 13
+    refuses (``bits must be between or equal to 1 and 8``) and older Pillow took as black. Written here
+    so that a long RandAugment run does not crash on its first such draw; same images as before."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)  # every bit masked away: black, as Pillow < 13 gave
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _keep_posterize_in_range(transform: Callable) -> None:
+    """Swap :func:`_posterize` into the posterize ops of any RandAugment/AutoAugment in ``transform``."""
+    for step in getattr(transform, "transforms", ()):
+        for op in getattr(step, "ops", ()):  # RandAugment's and AugMix's AugmentOps
+            if getattr(op, "name", "").startswith("Posterize"):
+                op.aug_fn = _posterize
+        for sub_policy in getattr(step, "policy", ()):  # AutoAugment's sub-policies of AugmentOps
+            for op in sub_policy:
+                if getattr(op, "name", "").startswith("Posterize"):
+                    op.aug_fn = _posterize

@@ -1,4 +1,10 @@
-"""COCO-layout instance data: ``images/<split>/`` and ``annotations/instances_<split>.json``.
+"""COCO-layout instance data: a split's images in ``images/<split>/`` (or ``<split>/`` beside
+``annotations/``) and its instances in ``annotations/instances_<split>.json``.
+
+That covers COCO 2017 as downloaded (``train2017``/``val2017``, images under ``images/`` or not) and
+the plain ``train``/``val`` names; :func:`find_split` picks a split by its role (training or
+validation) when the user names none, and a folder that fits no layout is one :class:`DataError`
+line listing what was looked for.
 
 The data set checks the annotation file when it opens, so a bad file stops a run before it starts
 with one :class:`DataError` line: an image the file names but the folder lacks, an annotation whose
@@ -18,7 +24,7 @@ import json
 import random
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -32,17 +38,71 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from ..data.errors import DataError
 from ..data.transforms import sample_seed, seeded_rng
+from . import synthetic
 
-__all__ = ["CocoDetection", "DroppedBoxesWarning", "LargeScaleJitter", "SeededJitterDataset", "collate", "drop_crowd"]
+__all__ = ["SPLIT_NAMES", "CocoDetection", "CocoSplit", "DroppedBoxesWarning", "LargeScaleJitter", "SeededJitterDataset",
+           "collate", "data_root", "drop_crowd", "find_split", "split_files"]
 
 Target = dict[str, Tensor]
 Transform = Callable[[Tensor, Target], tuple[Tensor, Target]]
 INSTANCE_KEYS = ("boxes", "labels", "masks", "area", "iscrowd")  # target entries with one row per instance
 NAMES_SHOWN = 3  # missing image names quoted in the error line
+# The split names tried, in order, for each role when the user names none: COCO 2017's, then the plain ones.
+SPLIT_NAMES = {"train": ("train2017", "train"), "val": ("val2017", "val")}
+SPLIT_FLAGS = {"train": "--train-split", "val": "--val-split"}
 
 
 class DroppedBoxesWarning(UserWarning):
     """Annotations with boxes of zero or negative width or height were left out."""
+
+
+class CocoSplit(NamedTuple):
+    """A split found on disk: its name, its image folder and its annotation file."""
+
+    name: str
+    image_dir: Path
+    annotation_file: Path
+
+
+def _image_dirs(root: Path, split: str) -> tuple[Path, Path]:
+    """Where split ``split``'s images may be: ``images/<split>/``, or ``<split>/`` beside ``annotations/``."""
+    return root / "images" / split, root / split
+
+
+def split_files(root: str | Path, split: str) -> Optional[CocoSplit]:
+    """Split ``split`` under ``root``, or None if its image folder or its annotation file is missing."""
+    root = Path(root).expanduser()
+    annotations = root / "annotations" / f"instances_{split}.json"
+    image_dir = next((d for d in _image_dirs(root, split) if d.is_dir()), None)
+    return CocoSplit(split, image_dir, annotations) if image_dir is not None and annotations.is_file() else None
+
+
+def _looked_for(split: str) -> str:
+    return f"images/{split}/ or {split}/ with annotations/instances_{split}.json"
+
+
+def find_split(root: str | Path, role: str, split: Optional[str] = None) -> CocoSplit:
+    """The split to use for ``role`` ("train" or "val"): ``split`` if given (and there), else the first
+    of :data:`SPLIT_NAMES` that ``root`` holds. A folder holding none is one DataError line listing
+    what was looked for."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist; pass --data with a COCO-layout folder, or shapes "
+                        "(the offline set)")
+    names = (split,) if split else SPLIT_NAMES[role]
+    for name in names:
+        found = split_files(root, name)
+        if found is not None:
+            return found
+    what = "training" if role == "train" else "validation"
+    hint = (f"pass {SPLIT_FLAGS[role]} NAME for a split of another name" if not split
+            else f"check the name, or drop {SPLIT_FLAGS[role]} to find {' or '.join(SPLIT_NAMES[role])}")
+    raise DataError(f"{root} holds no COCO {what} split: looked for {'; '.join(_looked_for(n) for n in names)}; {hint}")
+
+
+def data_root(data: str) -> Path:
+    """The COCO-layout folder ``--data`` names: the offline ``shapes`` set (drawn on first use), or a path."""
+    return synthetic.ensure_shapes() if data == synthetic.NAME else Path(data).expanduser()
 
 
 def _open_coco(path: Path) -> COCO:
@@ -71,17 +131,18 @@ class CocoDetection(Dataset):
     image_id (int64), area (N,) (the annotation's area in the stored image, COCO's size buckets) and
     iscrowd (N,) int64. An image without annotations gives N = 0: boxes (0, 4), masks (0, H, W).
     Crowd regions stay, flagged by iscrowd; :func:`drop_crowd` takes them out before a loss.
-    ``transforms``: a callable ``(image, target) -> (image, target)``, e.g. :class:`LargeScaleJitter`.
+    ``split`` names the split (``val2017``, ``val``, ...); its images are in ``images/<split>/`` or
+    ``<split>/``. ``transforms``: a callable ``(image, target) -> (image, target)``, e.g. :class:`LargeScaleJitter`.
     """
 
     def __init__(self, root: str | Path, split: str, transforms: Optional[Transform] = None):
         self.root = Path(root).expanduser()
         self.split = split
-        self.image_dir = self.root / "images" / split
+        self.image_dir = next((d for d in _image_dirs(self.root, split) if d.is_dir()), self.root / "images" / split)
         self.annotation_file = self.root / "annotations" / f"instances_{split}.json"
         self.transforms = transforms
         if not self.image_dir.is_dir():
-            raise DataError(f"no image folder {self.image_dir}; COCO data needs images/<split>/ beside annotations/")
+            raise DataError(f"no image folder for split {split} in {self.root}: looked for {_looked_for(split)}")
         self.coco = _open_coco(self.annotation_file)
         self.category_ids = sorted(self.coco.cats)  # label i + 1 is category_ids[i]
         self._label_of = {c: i + 1 for i, c in enumerate(self.category_ids)}

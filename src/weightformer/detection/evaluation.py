@@ -1,4 +1,6 @@
-"""COCO box and mask AP of a detector's predictions, computed by pycocotools against the annotation file.
+"""COCO box and mask AP of a detector's predictions, computed by pycocotools against the annotation file:
+over a loader (:func:`evaluate`, what the training loop calls) or for a checkpoint on a data set's
+validation split (:func:`evaluate_checkpoint`, ``weightformer det eval``).
 
 Metrics are in percent (0-100), as detection papers and mmdetection report them: ``bbox_mAP`` is
 AP averaged over IoU 0.50:0.95, ``bbox_mAP_50`` / ``bbox_mAP_75`` at IoU 0.50 / 0.75, and
@@ -10,16 +12,28 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from typing import Any, Iterable, Mapping, Sequence
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
-__all__ = ["METRIC_NAMES", "CocoEvaluator"]
+from ..checkpoint import CheckpointError
+from ..data import ResumableSampler
+from ..engine.distributed import DistInfo, all_gather_objects, init_distributed, shutdown_distributed
+from ..engine.errors import ConfigError
+from ..engine.run_dir import check_writable_folder
+from ..engine.weights import load_model
+from .data import CocoDetection, collate, data_root, find_split, split_files
+from .visualize import save_visualizations
+
+__all__ = ["METRIC_NAMES", "CocoEvaluator", "evaluate", "evaluate_checkpoint", "format_eval", "val_dataset"]
 
 # (metric, COCOeval stats index): stats are AP@[.5:.95], AP@.5, AP@.75, then size buckets and recalls
 STATS = {"mAP": 0, "mAP_50": 1, "mAP_75": 2}
@@ -86,3 +100,97 @@ class CocoEvaluator:
             evaluation.accumulate()
             evaluation.summarize()
         return [100.0 * float(s) if s >= 0 else math.nan for s in evaluation.stats]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, device: torch.device,
+             dist_info: Optional[DistInfo] = None) -> dict[str, float]:
+    """COCO box and mask AP (percent) of ``model`` over ``loader``, a loader of ``dataset`` (or of a
+    shard of it on each rank of ``dist_info``: the ranks' detections are gathered, so every rank
+    returns the same), and the number of images."""
+    was_training = model.training
+    model.eval()
+    evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
+    known = len(dataset.category_ids)
+    for images, targets in loader:
+        predictions = model([image.to(device, non_blocking=True) for image in images])
+        # labels past the file's categories (a model built with more classes) have nothing to be scored against
+        predictions = [{k: v[p["labels"] <= known] for k, v in p.items()} for p in predictions]
+        evaluator.update([t["image_id"] for t in targets], predictions)
+    model.train(was_training)
+    if dist_info is not None:
+        gathered = all_gather_objects(evaluator.detections, dist_info)
+        evaluator.detections = {}
+        evaluator.merge(gathered)
+    return evaluator.compute()
+
+
+def val_dataset(data: str, split: Optional[str] = None, run_split: Optional[str] = None) -> CocoDetection:
+    """The validation split of ``data`` (a COCO-layout folder or shapes): ``split`` if given, else
+    ``run_split`` (the ``val_split`` a run was configured with) if the folder has it, else the folder's
+    own (:func:`~weightformer.detection.data.find_split`)."""
+    root = data_root(data)
+    if split is None and run_split and split_files(root, run_split) is not None:
+        split = run_split
+    return CocoDetection(root, find_split(root, "val", split).name)
+
+
+def _check_eval_settings(batch_size: int, workers: int, visualize: int) -> None:
+    for flag, value, least in (("--batch-size", batch_size, 1), ("--workers", workers, 0),
+                               ("--visualize", visualize, 0)):
+        if value < least:
+            raise ConfigError(f"{flag} must be at least {least}, got {value}")
+
+
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike,
+    data: Optional[str] = None,
+    split: Optional[str] = None,
+    batch_size: int = 4,
+    workers: int = 4,
+    device: str = "auto",
+    use_ema: bool = False,
+    visualize: int = 0,
+    out: Optional[str | os.PathLike] = None,
+) -> dict[str, Any]:
+    """COCO box and mask AP of a detection checkpoint (a ``last.pt``/``best.pt`` of ``weightformer det
+    train``) on a validation split of ``data`` (default: the data it was trained on; the split: see
+    :func:`val_dataset`), as one process or under torchrun.
+
+    With ``visualize`` N, the detections on the first N images are also drawn into ``out`` (default:
+    ``visualize/`` beside the checkpoint). Returns the checkpoint, data, split, number of images and
+    the metrics of :data:`METRIC_NAMES` rounded to 4 places (None where there is nothing to score).
+    """
+    _check_eval_settings(batch_size, workers, visualize)
+    drawn = Path(out) if out else Path(checkpoint).resolve().parent / "visualize"
+    if visualize:
+        check_writable_folder(drawn, "--out")  # before the work, not after it
+    dist_info = init_distributed(device)
+    try:
+        loaded = load_model(checkpoint, task="detection", use_ema=use_ema, device=dist_info.device)
+        meta = loaded.meta
+        dataset = val_dataset(data or meta["data"], split, (loaded.checkpoint.get("config") or {}).get("val_split"))
+        if len(dataset.category_ids) > meta["num_classes"]:
+            raise CheckpointError(f"{checkpoint} knows {meta['num_classes']} categories and {dataset.annotation_file} "
+                                  f"declares {len(dataset.category_ids)}; evaluate on the data it was trained on")
+        sampler = ResumableSampler(len(dataset), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
+                            pin_memory=dist_info.device.type == "cuda")
+        metrics = evaluate(loaded.model, loader, dataset, dist_info.device, dist_info)
+        result: dict[str, Any] = {"checkpoint": str(checkpoint), "data": data or meta["data"], "split": dataset.split,
+                                  "ema": use_ema, "images": int(metrics["num_images"])}
+        result.update({name: None if math.isnan(metrics[name]) else round(metrics[name], 4) for name in METRIC_NAMES})
+        if visualize and dist_info.is_main:
+            paths = save_visualizations(loaded.model, dataset, drawn, visualize, ["__background__", *meta["classes"]],
+                                        dist_info.device)
+            result["visualized"] = {"images": len(paths), "folder": str(drawn)}
+        return result
+    finally:
+        shutdown_distributed(dist_info)
+
+
+def format_eval(result: Mapping[str, Any]) -> str:
+    """The text report of :func:`evaluate_checkpoint`: the metrics on one line."""
+    metrics = ", ".join(f"{name} {'n/a' if result[name] is None else format(result[name], '.2f')}"
+                        for name in METRIC_NAMES)
+    return f"{metrics} ({result['images']} images of {result['split']})"

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-__all__ = ["CATEGORIES", "DEFAULTS", "NAME", "SPLIT_SIZES", "cache_root", "ensure_shapes", "write_shapes"]
+__all__ = ["CATEGORIES", "NAME", "SPLIT_SIZES", "cache_root", "ensure_shapes", "write_shapes"]
 
 NAME = "shapes"  # the --data name that selects this data set
 VERSION = "det-shapes-v1"  # bump when the drawing changes, so an old cache is not reused
@@ -31,30 +31,6 @@ IMAGE_SIDES = (96, 128)  # each side drawn uniformly in this range
 OBJECT_SIDES = (20, 56)  # a shape's bounding square
 MAX_OBJECTS = 3
 NEGATIVE_FRACTION = 0.1
-
-# Training defaults for this set, under the user's --config and flags: a narrow, shallow WeightFormer
-# (stride 16) behind a 64-channel pyramid, light RoI heads and few proposals, at 128 px, flips without
-# scale jitter (no_aug), sized for about 8 minutes on 2 CPU cores. Learning rates are per total batch
-# of 512, as everywhere: 1.25e-3 at batch 4.
-DEFAULTS: dict[str, Any] = {
-    "data": NAME,
-    "model": "weightformer_tiny",
-    "model_kwargs": {"embed_dim": 64, "depth": 4, "conv_dim": 64, "fc_dim": 128, "rpn_pre_nms_top_n_train": 300,
-                     "rpn_post_nms_top_n_train": 64, "rpn_pre_nms_top_n_test": 150, "rpn_post_nms_top_n_test": 50,
-                     "box_batch_size_per_image": 32},
-    "img_size": 128,
-    "epochs": 16,
-    "batch_size": 4,
-    "lr": 0.16,
-    "min_lr": 1.6e-3,
-    "warmup_lr": 1.6e-3,
-    "warmup_epochs": 1,
-    "weight_decay": 0.05,
-    "no_aug": True,
-    "hflip": 0.5,
-    "workers": 0,  # 128 px images decode and flip faster than worker processes start
-}
-
 
 def cache_root() -> Path:
     """Where the data set lives: ``$XDG_CACHE_HOME/weightformer/det-shapes-v1`` (default ``~/.cache``)."""

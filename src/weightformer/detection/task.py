@@ -1,8 +1,10 @@
-"""Detection as a task of the shared loop: COCO-layout data (or the offline ``shapes`` set), Mask R-CNN or
-Cascade Mask R-CNN on a timm backbone behind ViTDet's simple feature pyramid, COCO box and mask AP.
+"""Detection as a whole task: COCO-layout data (COCO 2017 as downloaded, other split names, or the offline
+``shapes`` set), Mask R-CNN or Cascade Mask R-CNN on a timm backbone behind ViTDet's simple feature
+pyramid, COCO box and mask AP, and ``weightformer det train|eval|predict``.
 
-:func:`training_loss` and :func:`evaluate` are the loss of a batch and the metrics over a loader;
-:class:`DetectionTask` is what :func:`weightformer.engine.train` runs (``task=DetectionTask``);
+:class:`DetectionTask` is what :func:`weightformer.engine.train` runs (``task=DetectionTask``): its
+settings are :class:`~weightformer.detection.config.DetectionConfig`, its recipes those of
+:mod:`weightformer.detection.recipes`. :func:`training_loss` is the loss of a batch;
 :func:`build_detector` rebuilds a model from a checkpoint's ``meta``.
 
 ``model_kwargs`` feeds two builders: ``conv_dim``, ``fc_dim`` and torchvision's ``rpn_*``, ``box_*``
@@ -11,30 +13,35 @@ and ``bbox_*`` options go to :func:`build_maskrcnn`, every other key to the timm
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import math
+import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
-from ..engine.config import TrainConfig
+from ..engine.device import autocast
 from ..engine.distributed import DistInfo
 from ..engine.errors import ConfigError
-from ..engine.evaluate import autocast
-from ..engine.task import Task, TaskData
+from ..engine.recipes import Recipe, RecipeChoice
+from ..engine.task import Command, Task, TaskData
+from ..engine.weights import read_checkpoint
 from ..models.pyramid import SimpleFeaturePyramid, build_backbone
-from . import synthetic
-from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, Target, collate, drop_crowd
-from .evaluation import METRIC_NAMES, CocoEvaluator
+from . import recipes, synthetic
+from .config import DetectionConfig
+from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, Target, collate, data_root, \
+    drop_crowd, find_split
+from .evaluation import METRIC_NAMES, evaluate, val_dataset
 from .model import build_maskrcnn
+from .visualize import save_visualizations
 
-__all__ = ["DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "data_root", "evaluate", "split_model_kwargs",
+__all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "split_model_kwargs",
            "training_loss"]
 
 DEFAULT_IMG_SIZE = 1024  # ViTDet's: LSJ crops of 1024², and the model's min and max size
@@ -42,15 +49,6 @@ LSJ_SCALES = (0.1, 2.0)  # ViTDet's large-scale jitter range
 BACKBONE_PATH = "backbone.backbone"  # the timm model inside the detector (Mask R-CNN -> SimpleFeaturePyramid)
 _DETECTOR_PREFIXES = ("rpn_", "box_", "bbox_")
 _CONV_DIM = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
-
-
-def _gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` under torch.distributed, else ``[obj]``."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
 
 
 def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
@@ -62,31 +60,6 @@ def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
     targets = [{k: v.to(device, non_blocking=True) for k, v in drop_crowd(t).items()} for t in targets]
     losses = model(images, targets)
     return sum(losses.values()), {k: v.detach() for k, v in losses.items()}
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, device: torch.device) -> dict[str, float]:
-    """COCO box and mask AP (percent) of ``model`` over ``loader``, a loader of ``dataset`` (or of a
-    shard of it on each rank: the ranks' detections are gathered, so every rank returns the same)."""
-    was_training = model.training
-    model.eval()
-    evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
-    known = len(dataset.category_ids)
-    for images, targets in loader:
-        predictions = model([image.to(device, non_blocking=True) for image in images])
-        # labels past the file's categories (a model built with more classes) have nothing to be scored against
-        predictions = [{k: v[p["labels"] <= known] for k, v in p.items()} for p in predictions]
-        evaluator.update([t["image_id"] for t in targets], predictions)
-    model.train(was_training)
-    gathered = _gather(evaluator.detections)
-    evaluator.detections = {}
-    evaluator.merge(gathered)
-    return evaluator.compute()
-
-
-def data_root(data: str) -> Path:
-    """The COCO-layout folder ``--data`` names: the offline ``shapes`` set (drawn on first use), or a path."""
-    return synthetic.ensure_shapes() if data == synthetic.NAME else Path(data).expanduser()
 
 
 def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -131,17 +104,72 @@ class DetectionTask(Task):
       ``img_size`` and its long side at most ``det_max_size``; training adds only flips.
 
     Flips have probability ``hflip``; all randomness is seeded by (seed, epoch, index).
-    ``num_classes`` counts the categories (None: the annotation file's).
+    ``num_classes`` counts the categories (None: the annotation file's). The splits are
+    ``train_split`` and ``val_split`` (None: found in the folder, see
+    :func:`~weightformer.detection.data.find_split`).
     """
 
     name = "detection"
-    command = "weightformer det"
+    cli_name = "det"
+    description = ("Detection and instance segmentation: Mask R-CNN and Cascade Mask R-CNN on a timm backbone, on "
+                   "COCO-layout data (COCO 2017 as downloaded) or the offline shapes set.")
+    config_class = DetectionConfig
     output_prefix = "det_"
     best_metric = "bbox_mAP"
     curve_metrics = ("bbox_mAP", "bbox_mAP_50", "segm_mAP")
     backbone_path = BACKBONE_PATH
 
-    def __init__(self, cfg: TrainConfig):
+    cfg: DetectionConfig
+
+    # ---------------------------------------------------------------------------------------------
+    # The task as a whole
+    # ---------------------------------------------------------------------------------------------
+    @classmethod
+    def recipes(cls) -> Sequence[Recipe]:
+        return recipes.RECIPES
+
+    @classmethod
+    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
+        return recipes.choose_recipe(data, settings)
+
+    @classmethod
+    def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
+        return build_detector(meta)
+
+    @classmethod
+    def commands(cls) -> Sequence[Command]:
+        from .cli import COMMANDS
+
+        return COMMANDS
+
+    @classmethod
+    def add_train_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--visualize", type=int, default=0, metavar="N",
+                            help="after training, draw the detections on N validation images into OUTPUT/visualize/ "
+                                 "(default: 0)")
+
+    @classmethod
+    def check_train_arguments(cls, args: argparse.Namespace) -> None:
+        if args.visualize < 0:
+            raise ConfigError(f"--visualize must be 0 or more images, got {args.visualize}")
+
+    @classmethod
+    def after_training(cls, result: Any, args: argparse.Namespace) -> None:
+        """``--visualize N``: the trained model's detections on the first N validation images (drawn once,
+        by the first process under torchrun)."""
+        if not args.visualize or int(os.environ.get("RANK", "0")) != 0:
+            return
+        ckpt = read_checkpoint(result.last_checkpoint)
+        meta, val_split = ckpt["meta"], ckpt["config"].get("val_split")
+        out = Path(result.output) / "visualize"
+        paths = save_visualizations(result.model, val_dataset(meta["data"], run_split=val_split), out, args.visualize,
+                                    ["__background__", *meta["classes"]], next(result.model.parameters()).device)
+        print(f"drew the detections on {len(paths)} val image(s) in {out}")
+
+    # ---------------------------------------------------------------------------------------------
+    # Training
+    # ---------------------------------------------------------------------------------------------
+    def __init__(self, cfg: DetectionConfig):
         super().__init__(cfg)
         self.img_size = cfg.img_size or DEFAULT_IMG_SIZE
         self.val_set: Optional[CocoDetection] = None
@@ -150,9 +178,10 @@ class DetectionTask(Task):
     def build_data(self, dist_info: DistInfo) -> TaskData:
         cfg = self.cfg
         root = data_root(cfg.data)
-        train, val = CocoDetection(root, "train"), CocoDetection(root, "val")
+        train_split, val_split = find_split(root, "train", cfg.train_split), find_split(root, "val", cfg.val_split)
+        train, val = CocoDetection(root, train_split.name), CocoDetection(root, val_split.name)
         if train.coco.cats != val.coco.cats:
-            raise DataError(f"{root}: the train and val annotation files declare different categories; "
+            raise DataError(f"{root}: the {train.split} and {val.split} annotation files declare different categories; "
                             "both must list the same ones")
         if not any(val.coco.getAnnIds(imgIds=val.image_ids, iscrowd=False)):
             raise DataError(f"{val.annotation_file} has no annotated object, so there is no AP to measure; "
@@ -171,7 +200,8 @@ class DetectionTask(Task):
             augment = RandomFlip(cfg.hflip)
             sizes = f"flips, short side {self.img_size} and long side at most {cfg.det_max_size}"
         train_set = SeededJitterDataset(train, augment, seed=cfg.seed)
-        description = f"data {cfg.data}: {len(train)} train / {len(val)} val images, {categories} categories, {sizes}"
+        description = (f"data {cfg.data}: {len(train)} train ({train.split}) / {len(val)} val ({val.split}) images, "
+                       f"{categories} categories, {sizes}")
         return TaskData(train_set, val, description, collate_fn=collate)
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
@@ -181,14 +211,12 @@ class DetectionTask(Task):
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
             "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
             "img_size": self.img_size,
-            "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size, "data": cfg.data if cfg.data == synthetic.NAME else str(Path(cfg.data).resolve()),
+            "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
+            "data": cfg.data if cfg.data == synthetic.NAME else str(Path(cfg.data).expanduser().resolve()),
         }
         return build_detector(meta).to(device), meta
 
     def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
-        if meta.get("task") != self.name:
-            raise CheckpointError(f"{source} is not a detection checkpoint (task {meta.get('task', 'classification')}); "
-                                  "pass one written by weightformer det train")
         for key, flag in (("num_classes", "--num-classes"), ("cascade", "--cascade")):
             mine = self.num_classes if key == "num_classes" else self.cfg.cascade
             if meta.get(key) != mine:
@@ -202,7 +230,7 @@ class DetectionTask(Task):
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, Any]:
         with autocast(device, amp):
-            metrics = evaluate(model, loader, loader.dataset, device)
+            metrics = evaluate(model, loader, loader.dataset, device, dist_info)  # type: ignore[arg-type]
         result: dict[str, Any] = {name: None if math.isnan(metrics[name]) else metrics[name] for name in METRIC_NAMES}
         result["images"] = int(metrics["num_images"])
         return result

@@ -242,7 +242,7 @@ def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.Argum
 
 def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentParser:
     """``weightformer <task>``'s parser: ``train`` and the task's commands."""
-    parser = argparse.ArgumentParser(prog=prog or task.command(), description=task.summary or None)
+    parser = argparse.ArgumentParser(prog=prog or task.command(), description=task.description or None)
     commands = list(task.commands())
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{" + ",".join(["train", *(c.name for c in commands)]) + "}")

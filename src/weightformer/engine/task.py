@@ -82,7 +82,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     cli_name: ClassVar[str]
-    summary: ClassVar[str] = ""  # one line for ``weightformer --help``
+    description: ClassVar[str] = ""  # one line: what the task is, for its command's --help
     config_class: ClassVar[type[TrainConfig]] = TrainConfig
     output_prefix: ClassVar[str] = ""  # default run folder: runs/<prefix><data>_<model>
     best_metric: ClassVar[str]

@@ -1,0 +1,82 @@
+"""Prediction: the detections of a checkpoint on image files (``weightformer det predict``), as records
+and, with an output folder, drawn on the images and listed in ``detections.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from torchvision.transforms.functional import pil_to_tensor
+
+from ..data.images import image_paths, read_image
+from ..engine.device import pick_device
+from ..engine.errors import ConfigError
+from ..engine.run_dir import check_writable_folder
+from ..engine.weights import load_model
+from .visualize import draw_detections
+
+__all__ = ["DETECTIONS_FILE", "predict"]
+
+DETECTIONS_FILE = "detections.json"
+
+
+def _drawn_path(out: Path, index: int, image: Path) -> Path:
+    return out / f"{index:04d}_{image.stem}.png"  # the index keeps same-named images of different folders apart
+
+
+def _check_out(out: Path, files: Sequence[Path], overwrite: bool) -> None:
+    """Before the work: ``out`` is a writable folder, and holds none of the files predict writes unless ``overwrite``."""
+    check_writable_folder(out, "--out")
+    taken = [p for p in (out / DETECTIONS_FILE, *(_drawn_path(out, i, f) for i, f in enumerate(files))) if p.exists()]
+    if taken and not overwrite:
+        raise ConfigError(f"--out {out} already holds {taken[0].name}{f' and {len(taken) - 1} more' if len(taken) > 1 else ''}"
+                          f" of the files predict writes; pass --overwrite to replace them, or another --out")
+
+
+@torch.no_grad()
+def predict(
+    checkpoint: str | os.PathLike,
+    images: Sequence[str | os.PathLike],
+    out: Optional[str | os.PathLike] = None,
+    score_threshold: float = 0.5,
+    use_ema: bool = False,
+    device: str = "auto",
+    overwrite: bool = False,
+) -> list[dict[str, Any]]:
+    """The detections scoring at least ``score_threshold`` on each of ``images`` (files, or folders of
+    them), in order, by a
+    detection checkpoint: one record per image, ``{"image", "detections": [{"label", "score",
+    "box_xyxy"}, ...]}`` (boxes in the image's pixels). With ``out``, each image is also drawn with its
+    detections into ``out/<index>_<name>.png`` (the record's ``"drawn"``) and the records are written to
+    ``out/detections.json``; files already there are replaced only with ``overwrite``. Every image is
+    read before the model is loaded, so an unreadable one costs nothing."""
+    if not 0.0 <= score_threshold <= 1.0:
+        raise ConfigError(f"--score-threshold must be in [0, 1], got {score_threshold}")
+    files = image_paths(images)  # a folder stands for the images under it
+    folder = Path(out) if out is not None else None
+    if folder is not None:
+        _check_out(folder, files, overwrite)
+    pixels = [pil_to_tensor(read_image(path)).float() / 255 for path in files]  # (3, H, W) RGB in [0, 1]
+    where = pick_device(device)
+    loaded = load_model(checkpoint, task="detection", use_ema=use_ema, device=where)
+    names = ["__background__", *loaded.meta["classes"]]
+    records = []
+    for index, (path, image) in enumerate(zip(files, pixels)):
+        prediction = {k: v.cpu() for k, v in loaded.model([image.to(where)])[0].items()}
+        record: dict[str, Any] = {"image": str(path)}
+        if folder is not None:
+            drawn = _drawn_path(folder, index, path)
+            draw_detections(image, prediction, names, score_threshold).save(drawn)
+            record["drawn"] = str(drawn)
+        keep = prediction["scores"] >= score_threshold
+        record["detections"] = [
+            {"label": names[int(label)], "score": round(float(score), 4), "box_xyxy": [round(float(v), 2) for v in box]}
+            for box, label, score in zip(prediction["boxes"][keep], prediction["labels"][keep], prediction["scores"][keep])
+        ]
+        records.append(record)
+    if folder is not None:
+        (folder / DETECTIONS_FILE).write_text(json.dumps(records, indent=2) + "\n")
+    return records
