@@ -434,7 +434,8 @@ def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: 
     world_batch = data.batch_size * dist_info.world_size
     n_params = sum(p.numel() for p in training.model.parameters())
     kwargs = "".join(f"{k}={v} " for k, v in meta["model_kwargs"].items())
-    print(f"model {cfg.model} ({kwargs}{n_params / 1e6:.2f}M parameters)")
+    size = f"{n_params / 1e6:.2f}M" if n_params >= 100_000 else f"{n_params / 1e3:.1f}k"
+    print(f"model {cfg.model} ({kwargs}{size} parameters)")
     print(f"{data.task_data.description}; {dist_info.world_size} process(es) on {dist_info.device.type}, "
           f"batch {data.batch_size} per process (total {world_batch}), lr {cfg.lr:g} x {world_batch}/512 = "
           f"{training.learning_rates['lr']:.3g}, {cfg.epochs} epochs of {data.steps_per_epoch} steps")
