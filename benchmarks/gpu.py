@@ -26,7 +26,7 @@ from weightformer.bench.machine import describe, machine_info
 from weightformer.bench.memory import cuda_peak
 from weightformer.bench.report import OutputError, check_out_dir
 from weightformer.bench.timing import inference_call, iterations_for, median, time_call
-from weightformer.bench.variants import build_model, get_variant
+from weightformer.bench.variants import build_variant, get_variant
 
 DTYPE = torch.bfloat16
 
@@ -75,7 +75,7 @@ def peak_memory(model: torch.nn.Module, batch: int, resolution: int, device: str
 
 def compare(models: List[str], resolution: int, device: str, max_batch: int, repetitions: int) -> Dict[str, dict]:
     """Largest batch, throughput (median over round-robin rounds) and peak memory of each model at ``resolution``."""
-    built = {key: build_model(get_variant(key), resolution, device) for key in models}
+    built = {key: build_variant(get_variant(key), resolution, device) for key in models}
     results: Dict[str, dict] = {}
     for key, model in built.items():
         batch = largest_batch(model, resolution, device, max_batch)

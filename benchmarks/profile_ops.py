@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from weightformer.bench.machine import describe, machine_info
 from weightformer.bench.timing import inference_call, synchronize, training_step
-from weightformer.bench.variants import INFER, TRAIN, VARIANTS, build_model, get_variant, random_batch
+from weightformer.bench.variants import INFER, TRAIN, VARIANTS, build_variant, get_variant, random_batch
 
 
 def profile_table(
@@ -30,7 +30,7 @@ def profile_table(
     device: str = "cpu",
 ) -> str:
     """The profiler's key-averages table for ``steps`` calls, sorted by self device (or CPU) time."""
-    model = build_model(get_variant(model_key), resolution, device)
+    model = build_variant(get_variant(model_key), resolution, device)
     images, labels = random_batch(batch, resolution, device)
     call = inference_call(model, images) if mode == INFER else training_step(model, images, labels)
     call()

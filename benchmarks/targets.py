@@ -28,7 +28,7 @@ from weightformer.bench.timing import (
     time_call,
     training_step,
 )
-from weightformer.bench.variants import TRAIN, build_model, get_variant, random_batch
+from weightformer.bench.variants import TRAIN, build_variant, get_variant, random_batch
 
 HIGH, MID, LOW = 1248, 624, 224
 TRAIN_BATCH = GEMM_BATCH = 16
@@ -59,7 +59,7 @@ def inference_targets(repetitions: int, min_seconds: float) -> tuple:
     calls = {}
     for key, res in (("wf-t", HIGH), ("wf-t-naive", HIGH), ("deit-t", HIGH), ("wf-t", MID)):
         images, _ = random_batch(1, res, "cpu")
-        calls[f"{key}@{res}"] = inference_call(build_model(get_variant(key), res), images)
+        calls[f"{key}@{res}"] = inference_call(build_variant(get_variant(key), res), images)
     samples = _timed(calls, repetitions, min_seconds)
     sec = {key: median(values) for key, values in samples.items()}
     wf, naive, deit, wf_mid = (sec[k] for k in ("wf-t@1248", "wf-t-naive@1248", "deit-t@1248", "wf-t@624"))
@@ -94,7 +94,7 @@ def inference_targets(repetitions: int, min_seconds: float) -> tuple:
 
 def gemm_target(pairs: int, min_seconds: float) -> tuple:
     """WeightFormer-T inference at 224², batch 16, as a share of a 2048³ fp32 matmul's GFLOP/s."""
-    model = build_model(get_variant("wf-t"), LOW)
+    model = build_variant(get_variant("wf-t"), LOW)
     images, _ = random_batch(GEMM_BATCH, LOW, "cpu")
     model_flops = count_flops(model, images).flops * GEMM_BATCH
     gemm, forward = paired_rates(
@@ -117,7 +117,7 @@ def training_targets(repetitions: int, min_seconds: float) -> tuple:
     calls = {}
     for key in ("wf-t", "wf-t-naive", "deit-t"):
         images, labels = random_batch(TRAIN_BATCH, LOW, "cpu")
-        calls[key] = training_step(build_model(get_variant(key), LOW), images, labels)
+        calls[key] = training_step(build_variant(get_variant(key), LOW), images, labels)
     samples = _timed(calls, repetitions, min_seconds)
     wf, naive, deit = (median(samples[k]) for k in ("wf-t", "wf-t-naive", "deit-t"))
     targets = [

@@ -178,7 +178,7 @@ def test_config_file_errors_are_one_line(tmp_path: Path):
 
 
 def test_key_value_errors_name_the_flag():
-    with pytest.raises(ConfigError, match=r"^--set 'garbage' is not KEY=VALUE; write e.g. --set mixup=0$"):
+    with pytest.raises(ConfigError, match=r"^--set 'garbage' is not KEY=VALUE; write e.g. --set weight_decay=0.1$"):
         parse_model_kwargs(["garbage"], flag="--set")
     with pytest.raises(ConfigError, match=r"^--model-arg '=4' is not KEY=VALUE; write e.g. --model-arg patch_size=4$"):
         parse_model_kwargs(["=4"], flag="--model-arg")

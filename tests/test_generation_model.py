@@ -16,6 +16,8 @@ import timm
 import torch
 import torch.nn.functional as F
 
+from weightformer.checkpoint import CheckpointError
+from weightformer.engine import load_model, load_weights
 from weightformer.generation import (
     DIT_VARIANTS,
     WeightFormerDiT,
@@ -161,6 +163,36 @@ def test_forward_with_cfg_guides_the_release_channels_or_all(loaded, guidance, g
     with torch.no_grad():
         ours = model.forward_with_cfg(x, t, y, 4.0, guidance=guidance)
     torch.testing.assert_close(ours, release_forward_with_cfg(sd, x, t, y, 4.0, guided), rtol=1e-10, atol=1e-10)
+
+
+def test_the_engine_loader_translates_the_release_layout_through_the_filter(loaded):
+    """``load_weights`` calls the module's ``checkpoint_filter_fn(state_dict, model)`` for keys that do not fit."""
+    model, sd, x, t, y = loaded
+    fresh = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES).double().eval()
+    load_weights(fresh, {"model": {k: v.clone() for k, v in sd.items()}})
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x, t, y), model(x, t, y), rtol=0, atol=0)
+
+
+def test_a_state_dict_of_another_wf_dit_is_a_checkpoint_error_not_a_type_error(tmp_path):
+    """Weights of another width (our layout) or depth (the release's) go through the filter and are refused
+    as not fitting, naming the first differing keys; so are they through ``load_model`` from a checkpoint."""
+    model = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES)
+    wider = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=2 * HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES).state_dict()
+    with pytest.raises(CheckpointError, match="does not fit the model .WeightFormerDiT.*shape mismatch"):
+        load_weights(model, {"model": wider})
+    release = release_state_dict(torch.Generator().manual_seed(1))
+    shallower = {k: v for k, v in release.items() if not k.startswith(f"blocks.{DEPTH - 1}.")}
+    with pytest.raises(CheckpointError, match=r"does not fit the model \(WeightFormerDiT\).*missing from it"):
+        load_weights(model, shallower)
+    meta = {"task": "generation", "model": "wf_dit_s_2", "input_size": SIZE, "in_channels": IN_CH,
+            "num_classes": CLASSES, "model_kwargs": {"hidden_size": HIDDEN, "depth": DEPTH}}
+    torch.save({"model": wider, "meta": meta}, tmp_path / "wider.pt")
+    with pytest.raises(CheckpointError, match="wider.pt does not fit"):
+        load_model(tmp_path / "wider.pt", task="generation")
 
 
 def test_release_and_standard_guidance_differ_on_latents(loaded):

@@ -16,6 +16,7 @@ from weightformer.segmentation import (
     SegmentationFolder,
     TrainTransform,
     collate_segmentation,
+    find_root,
     reduce_zero_label,
 )
 
@@ -90,6 +91,28 @@ def test_unpaired_files_are_named(tmp_path: Path, missing: str):
 def test_missing_layout_is_explained(tmp_path: Path):
     with pytest.raises(DataError, match=r"images/training is not a folder; .*ADE20K layout"):
         SegmentationFolder(tmp_path, "training")
+
+
+def test_the_layouts_users_have(tmp_path: Path):
+    """ADE20K as downloaded (--data at ADEChallengeData2016, or at the folder its zip was unpacked in), and
+    any folder in its layout; anything else is one line saying what was looked for."""
+    ade = tmp_path / "downloads" / "ADEChallengeData2016"
+    for split in ("training", "validation"):
+        write_pair(ade, split, f"ADE_{split[:5]}_00000001", ade_label())
+    assert find_root(ade) == ade and find_root(tmp_path / "downloads") == ade
+    assert len(SegmentationFolder(find_root(tmp_path / "downloads"), "validation")) == 1
+    only_val = tmp_path / "val_only"
+    write_pair(only_val, "validation", "a", ade_label())
+    assert find_root(only_val, ("validation",)) == only_val  # what seg eval needs
+    for data, state in ((only_val, "holds no segmentation data in a layout this package reads"),
+                        (tmp_path / "nowhere", "does not exist"),
+                        (ade / "images" / "training" / "ADE_train_00000001.jpg", "is not a folder")):
+        with pytest.raises(DataError) as excinfo:
+            find_root(data)
+        message = one_line_error(excinfo)
+        assert f"segmentation data {data} {state}: looked for {data}/images/{{training,validation}}/ with " \
+               f"{data}/annotations/{{training,validation}}/" in message
+        assert f"and for the same in {data / 'ADEChallengeData2016'}/; pass such a folder, or shapes" in message
 
 
 def test_size_mismatch_is_caught_at_open_and_when_loading(tmp_path: Path):

@@ -13,10 +13,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from weightformer.checkpoint import CheckpointError
-from weightformer.engine import ConfigError, TrainConfig, validate_config
+from weightformer.engine import ConfigError, validate_config
 from weightformer.engine.distributed import DistInfo
-from weightformer.segmentation import synthetic
-from weightformer.segmentation.synthetic import SHAPES_CLASSES, shapes_root, write_shapes
+from weightformer.segmentation import SegmentationConfig, synthetic
+from weightformer.segmentation.synthetic import shapes_root, write_shapes
 from weightformer.segmentation.task import SegmentationTask
 
 TINY_KWARGS = {"embed_dim": 32, "depth": 2, "channels": 16, "pyramid_channels": 16, "aux_channels": 8}
@@ -31,7 +31,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _task(data: Path | str, **overrides) -> SegmentationTask:
     values = {"data": str(data), "model_kwargs": dict(TINY_KWARGS), "img_size": 32, "num_classes": 4, "seg_crop": 32,
               "seg_stride": 16, **overrides}
-    return SegmentationTask(validate_config(TrainConfig(**values)))
+    return SegmentationTask(validate_config(SegmentationConfig(**values)))
 
 
 def test_shapes_set_is_deterministic_ade_layout(tmp_path: Path):
@@ -123,18 +123,50 @@ def test_layer_decay_groups(shapes: Path):
 
 def test_checkpoint_checks(shapes: Path):
     task = _task(shapes)
+    task.build_data(CPU)
     task.check_checkpoint({"task": "segmentation", "num_classes": 4}, "last.pt")
     with pytest.raises(CheckpointError, match="5 classes"):
         task.check_checkpoint({"task": "segmentation", "num_classes": 5, "data": "x"}, "last.pt")
-    with pytest.raises(CheckpointError, match="classification checkpoint"):
-        task.check_checkpoint({"task": "classification", "num_classes": 4}, "last.pt")
 
 
-def test_defaults_and_settings():
-    assert SegmentationTask(validate_config(TrainConfig(data="shapes"))).num_classes == len(SHAPES_CLASSES)
-    assert SegmentationTask(validate_config(TrainConfig(data="/some/ade"))).num_classes == 150
+def test_classes_are_the_datas_when_not_given(shapes: Path, tmp_path: Path, monkeypatch):
+    task = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), img_size=32)))
+    assert task.num_classes is None
+    data = task.build_data(CPU)
+    assert task.num_classes == 4 and "4 classes (the largest label in its 11 annotations; reduce-zero-label)" in data.description
+    assert SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), num_classes=7))).num_classes == 7
+    without = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), reduce_zero_label=False)))
+    without.build_data(CPU)
+    assert without.num_classes == 5  # values 0..4, each a class
+
+    ade = write_shapes(tmp_path / "ADEChallengeData2016", train=2, val=1)
+    rows = ["Idx\tRatio\tTrain\tVal\tName", "1\t0.5\t2\t1\twall", "2\t0.1\t2\t1\tbuilding;edifice",
+            "3\t0.1\t2\t1\tsky", "4\t0.1\t2\t1\tfloor, flooring", "5\t0.1\t2\t1\ttree"]
+    (ade / "objectInfo150.txt").write_text("\n".join(rows) + "\n")
+    task = SegmentationTask(validate_config(SegmentationConfig(data=str(tmp_path), img_size=32)))
+    data = task.build_data(CPU)  # --data is the folder the zip was unpacked in
+    assert task.num_classes == 5 and "5 classes (objectInfo150.txt; reduce-zero-label)" in data.description
+    assert task.classes == ["wall", "building", "sky", "floor", "tree"]
+    zero = SegmentationTask(validate_config(SegmentationConfig(data=str(tmp_path), reduce_zero_label=False)))
+    zero.build_data(CPU)
+    assert zero.num_classes == 6 and zero.classes == ["other", "wall", "building", "sky", "floor", "tree"]
+
+    monkeypatch.setattr("weightformer.segmentation.data.SCAN_LIMIT", 10)  # 11 annotations: too many to read
+    task = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), img_size=32)))
+    assert "150 classes (ADE20K's: 11 annotations are too many" in task.build_data(CPU).description
+
+
+def test_settings_rules():
+    assert SegmentationConfig().data == "shapes"
     with pytest.raises(ConfigError, match="stride 64 is larger than the crop 32"):
-        SegmentationTask(validate_config(TrainConfig(seg_inference="slide", seg_crop=32, seg_stride=64)))
+        validate_config(SegmentationConfig(seg_inference="slide", seg_crop=32, seg_stride=64))
+    validate_config(SegmentationConfig(seg_inference="whole", seg_crop=32, seg_stride=64))  # no windows: no rule
+    with pytest.raises(ConfigError, match="num_classes must be in \\[1, 255\\]"):
+        validate_config(SegmentationConfig(num_classes=300))
+    with pytest.raises(ConfigError, match="seg_inference must be whole or slide"):
+        validate_config(SegmentationConfig(seg_inference="tiles"))
+    with pytest.raises(ConfigError, match="not a timm model; did you mean weightformer_tiny"):
+        validate_config(SegmentationConfig(model="weightformer_tinny"))
 
 
 def test_unknown_head_argument_is_a_config_error(shapes: Path):

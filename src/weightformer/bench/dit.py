@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..cli import run_reporting_errors
+from ..engine.cli import run_reporting_errors
 from ..engine.errors import ConfigError
 from ..generation.variants import DIT_VARIANTS, create_dit
 from .journal import write_atomic

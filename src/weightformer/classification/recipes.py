@@ -72,7 +72,7 @@ def small_data_recipe(side: int | None) -> Recipe:
     size = max(16, -(-side // 4) * 4)  # a multiple of the 4 px patch
     return Recipe(SMALL_DATA.name, f"a narrow WeightFormer (4 px patches) from scratch at the images' {size} px, "
                                    f"batch 32, 100 epochs, RandAugment without Mixup/CutMix",
-                  {**SMALL_DATA.values, "img_size": size,
+                  {**SMALL_DATA.values, "img_size": size, "model": "weightformer_tiny",
                    "model_kwargs": {"patch_size": 4, "embed_dim": 96, "depth": 4, "drop_path_rate": 0.0}})
 
 

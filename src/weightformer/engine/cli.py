@@ -77,8 +77,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
     hints = typing.get_type_hints(task.config_class)
     for name, spec in config_fields(task.config_class).items():
         meta = spec.metadata
-        if not meta.get("help"):
-            continue
+        if not meta.get("help") or (name == "layer_decay" and task.backbone_path is None):
+            continue  # no flag of its own (--set name=value); layer decay needs a backbone's blocks
         flag = meta.get("flag") or f"--{name.replace('_', '-')}"
         text = meta["help"] if "(default" in meta["help"] else f"{meta['help']} {_default_text(task, name)}"
         hint = hints[name]

@@ -268,7 +268,7 @@ def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]]
     return values
 
 
-_FLAG_EXAMPLES = {"--set": "mixup=0"}
+_FLAG_EXAMPLES = {"--set": "weight_decay=0.1"}
 
 
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:

@@ -43,7 +43,7 @@ from .distributed import (
     DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed, max_over_ranks,
     shutdown_distributed,
 )
-from .errors import ConfigError, TrainingDivergedError
+from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 from .device import autocast
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, start_run_folder
@@ -215,7 +215,11 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
     saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k not in NOT_INHERITED}
     # The saved settings over the recipe of the saved data (for settings newer than the checkpoint);
     # a saved mapping (model_kwargs) replaces the recipe's whole, never merged into it.
-    base = {**task.choose_recipe(saved.get("data") or data, {**saved, **user}).recipe.values, **saved}
+    try:  # the recipe of the run's data (a --data given now wins), under its saved settings
+        recipe_values = task.choose_recipe(user.get("data") or saved.get("data") or data, {**saved, **user}).recipe.values
+    except USER_ERRORS:  # the data moved or went: the saved settings are the run's; the data scan says what is wrong
+        recipe_values = {}
+    base = {**recipe_values, **saved}
     cfg = resolve_config(config_class, base, layers)
     cfg.output = cfg.output or _default_output(cfg, task)
     return PreparedRun(cfg, RecipeChoice(RESUMED, f"--resume continues {resume_from}"), {}, resume_from, ckpt)

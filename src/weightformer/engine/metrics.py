@@ -33,7 +33,7 @@ def truncate_metrics(path: Path, completed_epochs: int) -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
-def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str] = ("val_top1", "val_top5")) -> None:
+def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> None:
     """Loss (train, and val where the task reports one) and the task's ``metrics`` against epoch, as a PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

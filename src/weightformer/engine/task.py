@@ -171,7 +171,7 @@ class Task(ABC):
         size left as initialised (fine-tuning on other classes); any other (a classifier's: ours, the
         authors', timm's) fills only the backbone."""
         meta = dict(ckpt.get("meta") or {})
-        if self.backbone_path and meta.get("task", "classification") != self.name:
+        if self.backbone_path and meta.get("task") != self.name:  # another task's, or a classifier's weights
             return load_backbone_weights(model, self.backbone_path, self.cfg.model, ckpt, source)
         checkpoint_task(ckpt, source, type(self))
         self.check_checkpoint(meta, source, resuming=False)

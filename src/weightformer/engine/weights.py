@@ -70,11 +70,16 @@ def is_training_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
     return all(key in checkpoint for key in TRAINING_STATE_KEYS)
 
 
-def model_state_from(checkpoint: Mapping[str, Any], use_ema: bool = False, source: str = "checkpoint") -> dict[str, torch.Tensor]:
-    """The model weights in a checkpoint: ours (``model``/``ema``), timm/DeiT style, or a bare state dict."""
+def model_state_from(checkpoint: Mapping[str, Any], use_ema: Optional[bool] = False,
+                     source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """The model weights in a checkpoint: ours (``model``/``ema``), timm/DeiT style, or a bare state dict.
+    ``use_ema``: True takes the EMA weights (an error if there are none), None takes them if present."""
+    if use_ema is None:
+        use_ema = isinstance(checkpoint.get("ema"), Mapping)
     if use_ema:
-        if checkpoint.get("ema") is None:
-            raise CheckpointError(f"{source} has no EMA weights (the run did not use --ema); drop --ema")
+        if not isinstance(checkpoint.get("ema"), Mapping):
+            raise CheckpointError(f"{source} has no EMA weights (its run kept no EMA); load its raw weights "
+                                  f"(without --ema)")
         return dict(checkpoint["ema"])
     for key in ("model", "state_dict", "model_ema", "state_dict_ema"):
         if isinstance(checkpoint.get(key), Mapping):
@@ -140,10 +145,17 @@ def _fits(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor
     return expected.keys() == state.keys() and all(tuple(state[k].shape) == tuple(v.shape) for k, v in expected.items())
 
 
+def _mismatches(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> int:
+    """How many keys of ``state`` are missing, unexpected or of another shape against ``expected``."""
+    shared = expected.keys() & state.keys()
+    return (len(expected.keys() ^ state.keys())
+            + sum(tuple(state[k].shape) != tuple(expected[k].shape) for k in shared))
+
+
 def load_weights(
     model: nn.Module,
     checkpoint: str | os.PathLike | Mapping[str, Any],
-    use_ema: bool = False,
+    use_ema: Optional[bool] = False,
     source: Optional[str] = None,
     ignore_classifier: bool = False,
 ) -> list[str]:
@@ -168,7 +180,10 @@ def load_weights(
             translated = filter_fn(dict(state), model)
         except (KeyError, ValueError, RuntimeError, AttributeError, IndexError):
             translated = None  # not a layout this filter knows: report the mismatch of the original keys
-        if translated is not None and (_fits(expected, translated) or ignore_classifier):
+        # The translated keys when they fit (or a classifier is to be replaced), and for the error report
+        # when they are closer: an authors' file one block short then names that block, not every renamed key.
+        if translated is not None and (_fits(expected, translated) or ignore_classifier
+                                       or _mismatches(expected, translated) < _mismatches(expected, state)):
             state = translated
     kept: list[str] = []
     if ignore_classifier:
@@ -228,7 +243,7 @@ def load_model(
     task: Any = None,
     model: Optional[str] = None,
     model_kwargs: Optional[Mapping[str, Any]] = None,
-    use_ema: bool = False,
+    use_ema: Optional[bool] = False,
     pretrained: bool = False,
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
@@ -239,7 +254,7 @@ def load_model(
     ``model`` to name the architecture). ``task`` (a Task subclass or a registered name) is the task the
     caller expects: a checkpoint of another task is refused with one message. ``model`` names another
     architecture for the weights, ``model_kwargs`` are laid over the saved ones, ``use_ema`` takes the
-    EMA weights. With no checkpoint, ``model`` and ``pretrained``: the model's own pretrained weights
+    EMA weights (None: the EMA weights if the checkpoint has them). With no checkpoint, ``model`` and ``pretrained``: the model's own pretrained weights
     (timm's), for tasks that have them. Raises CheckpointError (or ConfigError) naming what is wrong.
     """
     expected = get_task(task) if isinstance(task, str) else task
@@ -258,7 +273,7 @@ def load_model(
     if model is not None and meta.get("model") not in (None, model):
         meta = {}  # another architecture was asked for: keep only the weights, which must then fit it
     if not meta.get("model"):
-        meta = owner.meta_for_weights(source, model_state_from(ckpt, use_ema, source), model, model_kwargs)
+        meta = owner.meta_for_weights(source, model_state_from(ckpt, False, source), model, model_kwargs)
     else:
         meta = owner.override_meta(meta, model_kwargs)
     net = owner.model_from_meta(meta)

@@ -1,5 +1,14 @@
-"""Sampling and evaluation as functions: load a generation checkpoint, draw class-conditional images
-to ``samples.npz`` and ``grid.png``, and score a ``samples.npz`` against the data's held-out images."""
+"""Sampling and evaluation as functions a Python user can call: load a generation checkpoint, draw
+class-conditional images to ``samples.npz`` and ``grid.png``, and score samples against the data's
+held-out images.
+
+    from weightformer.generation.pipeline import evaluate_samples_file, generate, load_generator, save_samples
+
+    loaded = load_generator("runs/gen_mnist_wf_dit_s_4/last.pt")        # its EMA weights
+    images, labels = generate(loaded, num_per_class=8, cfg_scale=4.0)   # uint8 (80, 28, 28, 1), int64 (80,)
+    save_samples(images, labels, Path("samples"))
+    scores = evaluate_samples_file(Path("samples"), checkpoint="runs/gen_mnist_wf_dit_s_4/last.pt")
+"""
 
 from __future__ import annotations
 
@@ -12,31 +21,24 @@ import torch
 from PIL import Image
 
 from ..checkpoint import CheckpointError
+from ..data import BUILTIN_DATASETS
 from ..engine.errors import ConfigError
-from ..engine.state import load_weights, read_checkpoint
+from ..engine.weights import LoadedModel, load_model
 from .data import image_geometry, open_images, to_uint8
 from .diffusion import GaussianDiffusion
 from .evaluation import find_inception, inception_metrics, judge_metrics, train_judge
 from .latents import decode, load_vae
-from .model import WeightFormerDiT
 from .sampling import sample
-from .task import build_generator_model
 
-__all__ = ["evaluate_samples", "generate", "load_generator", "reference_images", "save_grid", "save_samples"]
+__all__ = ["evaluate_samples", "evaluate_samples_file", "generate", "load_generator", "read_samples",
+           "reference_images", "save_grid", "save_samples"]
 
 
-def load_generator(checkpoint: str, use_ema: bool = True,
-                   device: torch.device | None = None) -> tuple[WeightFormerDiT, dict[str, Any]]:
-    """The model of a ``weightformer gen train`` checkpoint (its EMA weights by default) on ``device``
-    (default: the CPU), and its meta."""
-    ckpt = read_checkpoint(checkpoint)
-    meta = ckpt.get("meta") or {}
-    if meta.get("task") != "generation":
-        raise CheckpointError(f"{checkpoint} is not a generation checkpoint (task {meta.get('task', 'classification')}); "
-                              "pass a last.pt or best.pt written by weightformer gen train")
-    model = build_generator_model(meta)
-    load_weights(model, ckpt, use_ema=use_ema and ckpt.get("ema") is not None, source=checkpoint)
-    return model.to(device or torch.device("cpu")).eval(), meta
+def load_generator(checkpoint: str, use_ema: bool | None = None, device: str | torch.device = "cpu") -> LoadedModel:
+    """The model of a ``weightformer gen train`` checkpoint on ``device``, with its meta, through the
+    engine's :func:`~weightformer.engine.load_model`: its EMA weights when it has them (``use_ema``
+    None; True insists on them), else, or with ``use_ema=False``, its raw weights."""
+    return load_model(checkpoint, task="generation", use_ema=use_ema, device=device)
 
 
 def _parse_classes(classes: Sequence[int] | None, meta: dict[str, Any]) -> list[int]:
@@ -49,15 +51,19 @@ def _parse_classes(classes: Sequence[int] | None, meta: dict[str, Any]) -> list[
     return chosen
 
 
-def generate(model: WeightFormerDiT, meta: dict[str, Any], num_per_class: int, classes: Sequence[int] | None = None,
-             steps: int = 250, sampler: str = "ddpm", cfg_scale: float = 1.5, guidance: str | None = None,
-             seed: int = 0, batch_size: int = 64, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """``num_per_class`` samples of each class in ``classes`` (default: all), as uint8 (N, H, W, C)
-    images and int64 labels. The same ``seed`` gives the same images (on the same device and build)."""
+def generate(loaded: LoadedModel, num_per_class: int, classes: Sequence[int] | None = None, steps: int = 250,
+             sampler: str = "ddpm", cfg_scale: float = 1.5, guidance: str | None = None, seed: int = 0,
+             batch_size: int = 64, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``num_per_class`` samples of each class in ``classes`` (default: all) of the model ``loaded``
+    (:func:`load_generator`), as uint8 (N, H, W, C) images and int64 (N,) labels. The same ``seed``
+    gives the same images (on the same device and build)."""
+    model, meta = loaded.model, loaded.meta
     if cfg_scale < 1:
         raise ConfigError(f"--cfg-scale must be at least 1 (1: no guidance, 1.5 for FID, 4.0 for pictures), got {cfg_scale}")
     if num_per_class < 1 or steps < 1 or steps > 1000:
         raise ConfigError(f"--num-per-class must be at least 1 and --steps in [1, 1000], got {num_per_class} and {steps}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     labels = torch.tensor([c for c in _parse_classes(classes, meta) for _ in range(num_per_class)], dtype=torch.long)
     device = next(model.parameters()).device
     latent = meta.get("latent")
@@ -67,9 +73,9 @@ def generate(model: WeightFormerDiT, meta: dict[str, Any], num_per_class: int, c
     images = []
     for batch in labels.split(batch_size):
         x = sample(model, diffusion, batch.to(device), steps, sampler, cfg_scale, guidance, clip=vae is None,
-                   generator=generator, progress=progress)
+                   generator=generator, progress=progress)  # (B, in_channels, input_size, input_size)
         if vae is not None:
-            x = decode(vae, x, latent["scale_factor"])
+            x = decode(vae, x, latent["scale_factor"])  # (B, 3, image_size, image_size)
             x = x[:, :1] if meta["image_channels"] == 1 else x
         images.append(to_uint8(x.float(), meta["pad"]))
     return np.concatenate(images), labels.numpy().astype(np.int64)
@@ -100,6 +106,19 @@ def save_samples(images: np.ndarray, labels: np.ndarray, out: Path) -> None:
     save_grid(images, labels, out / "grid.png")
 
 
+def read_samples(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The uint8 (N, H, W, C) images and int64 (N,) labels of a ``samples.npz`` (or of the one in the
+    folder ``path``)."""
+    path = path / "samples.npz" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file; pass the samples.npz written by weightformer gen sample")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return f["images"], f["labels"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{path} is not a samples.npz with images and labels ({exc})") from None
+
+
 def reference_images(data: str, image_size: int, pad: int, max_images: int | None = None,
                      split: str = "val") -> tuple[np.ndarray, np.ndarray, int]:
     """A split of ``data`` as the samples' uint8 (N, H, W, C) images and labels, and its class count."""
@@ -116,8 +135,9 @@ def reference_images(data: str, image_size: int, pad: int, max_images: int | Non
 
 def evaluate_samples(samples: np.ndarray, labels: np.ndarray, data: str, image_size: int, pad: int,
                      inception: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Scores of ``samples`` against the held-out split of ``data``: the judge's (always) and, with
-    local Inception weights, FID / IS / precision / recall. ``notes`` says what was not computed."""
+    """Scores of ``samples`` against the held-out split of ``data`` (at ``image_size`` px, ``pad`` of it
+    padding): the judge's (always) and, with local Inception weights, FID / IS / precision / recall.
+    ``notes`` says what was not computed."""
     reference, ref_labels, num_classes = reference_images(data, image_size, pad)
     if samples.shape[1:] != reference.shape[1:]:
         raise ConfigError(f"the samples are {samples.shape[1:]} and the {data} images {reference.shape[1:]}; "
@@ -139,3 +159,17 @@ def evaluate_samples(samples: np.ndarray, labels: np.ndarray, data: str, image_s
         result.update(inception_metrics(samples, reference, weights))
     result["notes"] = notes
     return result
+
+
+def evaluate_samples_file(samples: Path, checkpoint: str | None = None, data: str = "mnist",
+                          inception: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """:func:`evaluate_samples` of a ``samples.npz`` (or its folder): against the data ``checkpoint``
+    was trained on, at its geometry, or else against ``data`` at the samples' own size."""
+    images, labels = read_samples(samples)
+    if checkpoint is not None:
+        meta = load_generator(checkpoint, use_ema=False).meta
+        data, size, pad = meta["data"], meta["image_size"], meta["pad"]
+    else:
+        spec = BUILTIN_DATASETS.get(data)
+        size, pad = (spec.img_size if spec else images.shape[1]), 0  # samples are cropped back to the images' size
+    return evaluate_samples(images, labels, data, size, pad, inception, progress=progress)

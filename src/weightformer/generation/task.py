@@ -1,14 +1,15 @@
 """Class-conditional diffusion as a task of the shared loop: images (or cached VAE latents), a
-WeightFormer-DiT (or DiT) variant, DiT's hybrid loss, and the validation loss at fixed noise.
+WeightFormer-DiT (or DiT) variant, DiT's hybrid loss, and the validation loss at fixed noise;
+``weightformer gen train|sample|eval``.
 
-The recipe is DiT's: AdamW at 1e-4 (a total batch of 256), no weight decay, a constant rate, EMA 0.9999,
-label dropout 0.1. :data:`MNIST_DEFAULTS` shrinks it for the offline job (see docs/generation.md).
+Its recipes (:mod:`.recipes`): the offline MNIST job's for the bundled sets, DiT's for a folder of
+real size, the offline job's settings sized to a smaller folder otherwise.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,49 +18,22 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
 from ..checkpoint import CheckpointError
-from ..engine.config import TrainConfig
+from ..engine.device import autocast
 from ..engine.distributed import DistInfo, all_reduce_sum
-from ..engine.errors import ConfigError
-from ..engine.evaluate import autocast
-from ..engine.task import Task, TaskData
+from ..engine.errors import ConfigError, is_signature_error
+from ..engine.recipes import Recipe, RecipeChoice
+from ..engine.task import Command, Task, TaskData
+from . import recipes
+from .config import GenerationConfig
 from .data import image_geometry, open_images
 from .diffusion import GaussianDiffusion
 from .latents import encode_split, load_vae, vae_downsampling, vae_scale_factor
 from .model import WeightFormerDiT
-from .variants import DIT_VARIANTS, create_dit
+from .variants import create_dit
 
-__all__ = ["MNIST_DEFAULTS", "PAPER_DEFAULTS", "GenerationTask", "build_generator_model"]
+__all__ = ["GenerationTask"]
 
-# DiT's recipe, in the loop's terms: lr per total batch of 512 (2e-4 -> 1e-4 at DiT's 256), min_lr = lr
-# (constant), no warm-up, no weight decay, no clipping; augmentations are the task's own (flips).
-PAPER_DEFAULTS: dict[str, Any] = dict(
-    model="wf_dit_s_2", model_kwargs={}, img_size=256, epochs=80, batch_size=256, lr=2e-4, min_lr=2e-4, warmup_lr=2e-4,
-    warmup_epochs=0, weight_decay=0.0, opt="adamw", clip_grad=None, ema=True, ema_decay=0.9999, hflip=0.5,
-    workers=4, min_snr_gamma=None,
-)
-# The offline job: a narrow WF-DiT at patch 4 on the unpadded 28 px digits (a 7x7 token grid: 1.3x
-# the images per second of 32 px padded, 8x8), small batches (more steps for the same compute: this
-# job is step-bound), a cosine rate from 8e-3 at batch 32 (4e-3 reached 47% class accuracy instead of
-# 68%; 1.6e-2 was behind after 3 epochs), an EMA of 0.99 (the job has 3,250 steps; 0.9999 averages
-# over ~10k), a fixed σ (plain ε-MSE loss, no VLB term: at this scale the learned σ's VLB term
-# cost class accuracy) and Min-SNR loss weights with γ = 1 (71% -> 97% class accuracy at the same
-# compute, DDPM 250 at cfg 4; γ = 2: 93%, γ = 5: 88%): the high-noise steps, where class and shape
-# are decided, get the model's capacity. docs/generation.md has the runs that chose each setting.
-MNIST_DEFAULTS: dict[str, Any] = dict(
-    model="wf_dit_s_4", model_kwargs=dict(hidden_size=64, depth=6, learn_sigma=False), img_size=28, epochs=13,
-    batch_size=32, lr=1.28e-1, min_lr=1.28e-2, warmup_lr=1.28e-3, warmup_epochs=0, weight_decay=0.0, opt="adamw",
-    clip_grad=1.0, ema=True, ema_decay=0.99, hflip=0.0, workers=0, min_snr_gamma=1.0,
-)
 VAL_IMAGES = 512  # the validation loss is measured on the first 512 held-out images
-
-
-def build_generator_model(meta: Mapping[str, Any]) -> WeightFormerDiT:
-    """The model a checkpoint's ``meta`` describes, randomly initialised."""
-    try:
-        return create_dit(meta["model"], input_size=meta["input_size"], in_channels=meta["in_channels"],
-                          num_classes=meta["num_classes"], **meta["model_kwargs"])
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"cannot build {meta['model']} with model_kwargs {dict(meta['model_kwargs'])} ({exc})") from None
 
 
 class GenerationTask(Task):
@@ -68,20 +42,52 @@ class GenerationTask(Task):
     fixed per sample (lower is better)."""
 
     name = "generation"
-    command = "weightformer gen"
+    cli_name = "gen"
+    description = ("Class-conditional diffusion with WeightFormer-DiT (or the attention DiT) on the bundled MNIST "
+                   "or an ImageFolder tree: train, sample, evaluate.")
+    config_class = GenerationConfig
     output_prefix = "gen_"
     best_metric = "loss"
     higher_is_better = False
     curve_metrics = ("loss", "mse")
 
+    cfg: GenerationConfig
+
+    @classmethod
+    def recipes(cls) -> Sequence[Recipe]:
+        return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
+
+    @classmethod
+    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
+        return recipes.choose_recipe(data, settings)
+
+    @classmethod
+    def model_from_meta(cls, meta: Mapping[str, Any]) -> WeightFormerDiT:
+        """The WF-DiT (or DiT) a checkpoint's ``meta`` describes, randomly initialised."""
+        kwargs = dict(meta["model_kwargs"])
+        try:
+            return create_dit(meta["model"], input_size=meta["input_size"], in_channels=meta["in_channels"],
+                              num_classes=meta["num_classes"], **kwargs)
+        except TypeError as exc:
+            if not is_signature_error(exc):
+                raise
+            raise ConfigError(f"{meta['model']} does not take the model arguments {kwargs}: {exc}; check "
+                              f"--model-kwargs") from None
+        except ValueError as exc:
+            raise ConfigError(f"cannot build {meta['model']} with model arguments {kwargs} ({exc})") from None
+
+    @classmethod
+    def commands(cls) -> Sequence[Command]:
+        from .cli import COMMANDS
+
+        return COMMANDS
+
     def next_command(self, checkpoint: Path) -> str:
         """Sampling comes first: ``gen eval`` scores a folder of samples."""
-        return f"{self.command} sample --checkpoint {checkpoint} --out {checkpoint.parent / 'samples'}"
+        return f"{self.command()} sample --checkpoint {checkpoint} --out {checkpoint.parent / 'samples'}"
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: GenerationConfig):
         super().__init__(cfg)
-        if cfg.model not in DIT_VARIANTS:
-            raise ConfigError(f"--model {cfg.model} is not a diffusion model; choose one of {', '.join(DIT_VARIANTS)}")
         self.geometry = image_geometry(cfg.data, cfg.img_size)
         self.diffusion = GaussianDiffusion(learn_sigma=cfg.model_kwargs.get("learn_sigma", True))
         self.num_classes = 0
@@ -90,7 +96,8 @@ class GenerationTask(Task):
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         cfg, geometry = self.cfg, self.geometry
-        info, splits = open_images(cfg.data, geometry, cfg.hflip, cfg.seed, verify=cfg.verify_images,
+        hflip = 0.0 if cfg.no_aug else cfg.hflip
+        info, splits = open_images(cfg.data, geometry, hflip, cfg.seed, verify=cfg.verify_images,
                                    warn=dist_info.is_main)
         self.num_classes, self.classes = info.num_classes, list(info.classes)
         space = f"pixels, {geometry.size}² x {geometry.channels}"
@@ -111,8 +118,9 @@ class GenerationTask(Task):
                            "downsampling": factor}
             space = f"latents of {cfg.vae} ({channels} x {geometry.size // factor}², scale {scale:g}, cached)"
         val_count = min(VAL_IMAGES, len(splits["val"]))
+        flips = f"flips p={hflip:g}" if hflip else "no flips"
         description = (f"data {cfg.data}: {len(splits['train'])} train images ({val_count} val images for the "
-                       f"val loss), {info.num_classes} classes, {space}")
+                       f"val loss), {info.num_classes} classes, {space}, {flips}")
         val = Subset(splits["val"], range(val_count))
         return TaskData(splits["train"], val, description)
 
@@ -129,12 +137,11 @@ class GenerationTask(Task):
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
         meta = self.meta()
-        return build_generator_model(meta).to(device), meta
+        return self.model_from_meta(meta).to(device), meta
 
     def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
-        if meta.get("task") != self.name:
-            raise CheckpointError(f"{source} is not a generation checkpoint (task {meta.get('task', 'classification')}); "
-                                  "pass one written by weightformer gen train")
+        if not meta.get("model"):
+            return  # --init from weights without our meta (the authors' DiT checkpoints): they must fit the model
         mine = self.meta()
         for key in ("input_size", "in_channels", "num_classes", "latent"):
             if meta.get(key) != mine[key]:

@@ -3,6 +3,9 @@
     <root>/images/{training,validation}/<name>.jpg      (also .jpeg, .png)
     <root>/annotations/{training,validation}/<name>.png  (class index per pixel, palette or grayscale PNG)
 
+``--data`` is such a root, ADE20K's ``ADEChallengeData2016`` as downloaded (it is one), or the folder
+its zip was unpacked in (:func:`find_root`); ``shapes`` is the offline set.
+
 With ``reduce_zero_label`` (ADE20K) label 0 means "unlabelled" and becomes the ignore index 255;
 label v >= 1 becomes class v - 1, and 255 stays ignored. Any data set laid out this way works by
 giving its ``num_classes`` and whether 0 is a class.
@@ -11,11 +14,16 @@ Opening a split pairs every image with its annotation and, with ``verify``, comp
 from the file headers; a mismatch is a :class:`DataError` before training starts. Label values are
 checked as each annotation is decoded, so a bad file stops the run with a one-line DataError naming
 it and the fix, never a traceback from deep inside the loss.
+
+The number of classes, when not given, is the data's (:func:`folder_classes`): the rows of ADE20K's
+``objectInfo150.txt``, else the largest label value in the annotations (read once, for folders of up
+to :data:`SCAN_LIMIT` annotations), else ADE20K's 150.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -30,12 +38,15 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..data.errors import DataError
-from ..data.folder import DECODE_ERRORS, rgb_loader
+from ..data.folder import DECODE_ERRORS
+from ..data.images import read_image
 from ..data.transforms import sample_seed
+from .synthetic import SHAPES_CLASSES, SHAPES_NAME, shapes_root
 
 __all__ = [
-    "IGNORE_INDEX", "SPLITS", "EvalTransform", "SegmentationBatch", "SegmentationFolder", "TrainTransform",
-    "collate_segmentation", "read_label", "reduce_zero_label", "scan_pairs",
+    "ADE_CLASSES", "ADE_FOLDER", "IGNORE_INDEX", "SPLITS", "EvalTransform", "FolderClasses", "SegmentationBatch",
+    "SegmentationFolder", "TrainTransform", "class_names", "collate_segmentation", "find_root", "folder_classes", "read_label",
+    "reduce_zero_label", "scan_pairs",
 ]
 
 SPLITS = ("training", "validation")
@@ -44,6 +55,103 @@ IGNORE_INDEX = 255
 LABEL_MODES = frozenset({"P", "L", "I;16", "I;16L", "I;16B", "I"})  # modes whose pixels are class indices
 LAYOUT = "images/{training,validation}/*.jpg and annotations/{training,validation}/*.png"
 SHOWN = 5  # bad values named in an error line
+ADE_FOLDER = "ADEChallengeData2016"  # ADE20K's scene-parsing release: its zip's one folder
+ADE_CLASS_FILE = "objectInfo150.txt"  # in it: Idx, Ratio, Train, Val, Name per class, tab-separated
+ADE_CLASSES = 150  # classes of a folder too large to count them in
+SCAN_LIMIT = 5000  # annotations read for the class count at most (about 1 ms each)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------------------------------
+
+
+def _has_splits(root: Path, splits: Sequence[str]) -> bool:
+    return all((root / kind / split).is_dir() for kind in ("images", "annotations") for split in splits)
+
+
+def find_root(data: str | os.PathLike, splits: Sequence[str] = SPLITS) -> Path:
+    """The folder holding ``images/<split>`` and ``annotations/<split>`` for each of ``splits``: the
+    offline set's for ``shapes`` (written to the cache on first use), ``data`` itself (the ADE20K layout,
+    ``ADEChallengeData2016`` as downloaded), or its ``ADEChallengeData2016`` (``data`` is the folder the
+    zip was unpacked in). Anything else is a one-line DataError saying what was looked for."""
+    if str(data) == SHAPES_NAME:
+        return shapes_root()
+    path = Path(data).expanduser()
+    for root in (path, path / ADE_FOLDER):
+        if _has_splits(root, splits):
+            return root
+    names = splits[0] if len(splits) == 1 else "{" + ",".join(splits) + "}"
+    state = "does not exist" if not path.exists() else "is not a folder" if not path.is_dir() else \
+        "holds no segmentation data in a layout this package reads"
+    raise DataError(f"segmentation data {path} {state}: looked for {path}/images/{names}/ with "
+                    f"{path}/annotations/{names}/ (the ADE20K layout, as ADEChallengeData2016 is downloaded), "
+                    f"and for the same in {path / ADE_FOLDER}/; pass such a folder, or shapes")
+
+
+# --------------------------------------------------------------------------------------------------
+# Classes
+# --------------------------------------------------------------------------------------------------
+
+
+class FolderClasses(NamedTuple):
+    """How many classes a data set has, and where the count comes from."""
+
+    count: int
+    source: str  # for the run's data line: "objectInfo150.txt", "the largest label in 300 annotations", ...
+
+
+def ade_class_names(root: Path) -> Optional[list[str]]:
+    """The first name of each class row of ADE20K's ``objectInfo150.txt`` in ``root``, or None without one."""
+    try:
+        lines = (root / ADE_CLASS_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:  # not there (any other data set), or unreadable: count the annotations instead
+        return None
+    rows = [line.split("\t") for line in lines]
+    names = [re.split(r"[;,]", row[-1])[0].strip() for row in rows if len(row) >= 2 and row[0].strip().isdigit()]
+    return names or None
+
+
+def class_names(data: str, root: Path, reduce_zero: bool) -> Optional[list[str]]:
+    """The names of the classes, where the data gives them: the shapes set's, or those of ADE20K's
+    ``objectInfo150.txt`` (with value 0, "other", as the first class without ``reduce_zero``)."""
+    if data == SHAPES_NAME:
+        return list(SHAPES_CLASSES)
+    names = ade_class_names(root)
+    return names if names is None or reduce_zero else ["other", *names]
+
+
+def _largest_label(path: str) -> int:
+    """The largest value of an annotation other than the ignore index, or -1 if it has none."""
+    raw = _label_pixels(path)
+    values = raw[raw != IGNORE_INDEX]
+    return int(values.max()) if values.size else -1
+
+
+def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
+    """The classes of the data set ``data`` (found at ``root``) when ``--num-classes`` is not given.
+
+    ``shapes``: its 4. A folder with ADE20K's ``objectInfo150.txt``: its rows, with their names (and
+    value 0, "other", as one more class without ``reduce_zero``). Else the largest label value of every
+    annotation of both splits (with ``reduce_zero``, value v is class v-1), for up to
+    :data:`SCAN_LIMIT` annotations; a larger folder gets ADE20K's 150 and says so.
+    """
+    names = class_names(data, root, reduce_zero)
+    if names is not None:
+        return FolderClasses(len(names), "the shapes set's" if data == SHAPES_NAME else ADE_CLASS_FILE)
+    files = [label for split in SPLITS for _, label in scan_pairs(root, split)]  # unpaired files: scan_pairs's errors
+    if len(files) > SCAN_LIMIT:
+        return FolderClasses(ADE_CLASSES, f"ADE20K's: {len(files)} annotations are too many to count the classes "
+                                          f"in; pass --num-classes if that is not the count")
+    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+        largest = max(pool.map(_largest_label, files), default=-1)
+    count = largest if reduce_zero else largest + 1
+    if count < 1:
+        zero = " (value 0 is unlabelled with reduce-zero-label: pass --no-reduce-zero-label if it is a class)" \
+            if reduce_zero and largest == 0 else ""
+        raise DataError(f"the annotations under {root / 'annotations'} hold no class labels{zero}; "
+                        f"check the annotation files")
+    return FolderClasses(count, f"the largest label in its {len(files)} annotations")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,8 +224,9 @@ def reduce_zero_label(label: np.ndarray) -> np.ndarray:
     return np.where((label == 0) | (label == IGNORE_INDEX), IGNORE_INDEX, label - 1)
 
 
-def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
-    """An annotation as (H, W) int64 class indices in [0, num_classes) or 255; bad files raise :class:`DataError`."""
+def _label_pixels(path: str) -> np.ndarray:
+    """An annotation's (H, W) values as stored (a palette PNG's indices, not its colours); DataError
+    for a file that cannot be read or holds colours."""
     try:
         with Image.open(path) as img:
             if img.mode not in LABEL_MODES:
@@ -125,9 +234,14 @@ def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
                     f"annotation {path} is a {img.mode} image; annotations must hold one class index per pixel "
                     f"(a palette (P) or grayscale (L) PNG), not colours: convert it"
                 )
-            raw = np.asarray(img)  # palette PNGs give their indices, not the palette's colours
+            return np.asarray(img)
     except DECODE_ERRORS as exc:
         raise DataError(f"cannot read annotation {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
+
+
+def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
+    """An annotation as (H, W) int64 class indices in [0, num_classes) or 255; bad files raise :class:`DataError`."""
+    raw = _label_pixels(path)
     label = reduce_zero_label(raw) if reduce_zero else raw.astype(np.int64)
     outside = (label != IGNORE_INDEX) & ((label < 0) | (label >= num_classes))
     if outside.any():
@@ -331,11 +445,7 @@ class SegmentationFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         image_path, label_path = self.pairs[index]
-        try:
-            image = rgb_loader(image_path)
-        except DECODE_ERRORS as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            raise DataError(f"cannot read image {image_path} ({reason}); replace or remove it") from None
+        image = read_image(image_path)
         label = read_label(label_path, self.num_classes, self.reduce_zero_label)
         if image.size != (label.shape[1], label.shape[0]):
             raise _size_mismatch(image_path, label_path, image.size, (label.shape[1], label.shape[0]))

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["slide_inference", "whole_inference", "window_starts"]
+__all__ = ["INFERENCE_MODES", "slide_inference", "whole_inference", "window_starts"]
+
+INFERENCE_MODES = ("whole", "slide")  # --inference
 
 
 def _pair(value: Union[int, tuple[int, int]]) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Predictions on image files: class maps written as palette PNGs, and overlays on the images.
+"""Predictions on image files: class maps written as palette PNGs, and overlays on the images
+(``weightformer seg predict``, or :func:`predict` from Python).
 
 A class map is written in its data set's own annotation encoding (class c as c + 1 with
 reduce-zero-label, as ADE20K stores it; else c), so a prediction opens like an annotation and
@@ -7,6 +8,9 @@ can be scored as one. Its palette colours each class; the overlay blends those c
 
 from __future__ import annotations
 
+import os
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -16,14 +20,19 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from ..data.errors import DataError
-from ..data.folder import DECODE_ERRORS, rgb_loader
-from .data import IMAGE_EXTENSIONS, EvalTransform
+from ..data.images import image_paths, read_image
+from ..engine.errors import ConfigError
+from ..engine.run_dir import check_writable_folder
+from .data import EvalTransform
+from .evaluation import load_segmenter
 from .inference import slide_inference, whole_inference
 from .synthetic import SHAPES_CLASSES
+from .task import eval_transform
 
-__all__ = ["image_files", "palette", "predict_image", "read_image", "write_prediction"]
+__all__ = ["image_files", "palette", "predict", "predict_image", "write_prediction"]
 
 SHAPES_COLOURS = ((90, 90, 90), (230, 60, 50), (60, 200, 80), (60, 110, 240))  # background, circle, square, triangle
 
@@ -35,22 +44,11 @@ def palette(num_classes: int, classes: Optional[Sequence[str]] = None) -> np.nda
     return np.random.default_rng(0).integers(0, 256, (num_classes, 3), dtype=np.uint8)
 
 
-def image_files(paths: Sequence[str]) -> list[Path]:
-    """The image files named, a folder standing for the images in it (sorted); DataError for anything else."""
-    files: list[Path] = []
-    for name in paths:
-        path = Path(name).expanduser()
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-            if not found:
-                raise DataError(f"folder {path} holds no .jpg/.jpeg/.png images")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise DataError(f"image {path} does not exist; pass image files or folders of them")
-    stems = [p.stem for p in files]
-    twice = sorted({s for s in stems if stems.count(s) > 1})
+def image_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The image files named, a folder standing for the images under it (:func:`image_paths`), each
+    with its own name: the predictions are named after the images. DataError otherwise."""
+    files = image_paths(paths)
+    twice = sorted(stem for stem, count in Counter(p.stem for p in files).items() if count > 1)
     if twice:
         raise DataError(f"several images are named {twice[0]} (in different folders or formats); their predictions "
                         f"would overwrite each other: predict them into different --out folders")
@@ -70,14 +68,6 @@ def predict_image(model: nn.Module, image: Image.Image, transform: EvalTransform
     return logits.argmax(1)[0].cpu().numpy()
 
 
-def read_image(path: Path) -> Image.Image:
-    """An image file as RGB, or a one-line DataError."""
-    try:
-        return rgb_loader(str(path))
-    except DECODE_ERRORS as exc:
-        raise DataError(f"cannot read image {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
-
-
 def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours: np.ndarray, out: Path,
                      reduce_zero_label: bool, alpha: float = 0.5) -> tuple[Path, Path]:
     """Write ``<out>/<stem>.png`` (the (H, W) ``classes`` as a palette PNG) and ``<out>/<stem>_overlay.png``."""
@@ -92,3 +82,37 @@ def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours
     label.save(label_path)
     Image.fromarray(np.clip(blend + 0.5, 0, 255).astype(np.uint8)).save(overlay_path)
     return label_path, overlay_path
+
+
+def predict(
+    checkpoint: str | os.PathLike,
+    images: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    use_ema: bool = False,
+    inference: Optional[str] = None,
+    crop: Optional[int] = None,
+    stride: Optional[int] = None,
+    alpha: float = 0.5,
+    device: str = "auto",
+) -> list[tuple[Path, Path, Path]]:
+    """Predict ``images`` (files, or folders of them) with the model of ``checkpoint`` (a ``last.pt`` or
+    ``best.pt`` of ``weightformer seg train``) and write, for each, ``<out>/<name>.png`` (the class map)
+    and ``<out>/<name>_overlay.png`` (its colours at opacity ``alpha`` over the image). ``inference``,
+    ``crop`` and ``stride`` default to the run's own. Returns (image, class map, overlay) per image."""
+    if not 0 <= alpha <= 1:
+        raise ConfigError(f"--alpha must be in [0, 1], got {alpha}")
+    out = Path(out)
+    check_writable_folder(out, "--out")
+    files = image_files(images)
+    loaded, settings = load_segmenter(checkpoint, use_ema, device, inference, crop, stride)
+    meta, target = loaded.meta, next(loaded.model.parameters()).device
+    transform = eval_transform(meta["img_size"])
+    colours = palette(meta["num_classes"], meta.get("classes"))
+    written = []
+    for path in tqdm(files, desc="predicting", unit="img", file=sys.stderr, disable=None):
+        image = read_image(path)
+        classes = predict_image(loaded.model, image, transform, target, settings["seg_inference"],
+                                settings["seg_crop"], settings["seg_stride"])
+        written.append((path, *write_prediction(path.stem, image, classes, colours, out, meta["reduce_zero_label"],
+                                                alpha)))
+    return written

@@ -24,38 +24,19 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from ..data.errors import DataError
 
-__all__ = ["SHAPES_CLASSES", "SHAPES_DEFAULTS", "SHAPES_NAME", "draw_sample", "shapes_root", "write_shapes"]
+__all__ = ["SHAPES_CLASSES", "SHAPES_NAME", "draw_sample", "shapes_root", "write_shapes"]
 
 SHAPES_NAME = "shapes"  # the --data name that selects this set
 SHAPES_CLASSES = ("background", "circle", "square", "triangle")  # after reduce-zero-label: class c is value c + 1
 VERSION = "seg-shapes-v2"  # the cache folder; bump it when the drawing changes
 TRAIN_IMAGES, VAL_IMAGES, SEED = 200, 50, 0
 UNLABELLED, BACKGROUND, CIRCLE, SQUARE, TRIANGLE = 0, 1, 2, 3, 4
-
-# Training defaults for this set (``weightformer seg train`` with no --data), under --config and flags.
-SHAPES_DEFAULTS: dict[str, Any] = dict(
-    data=SHAPES_NAME,
-    model="weightformer_tiny",
-    model_kwargs=dict(embed_dim=96, depth=4, channels=64, pyramid_channels=64, aux_channels=32),
-    img_size=64,
-    epochs=50,
-    batch_size=16,
-    lr=3.2e-2,  # per total batch of 512: 1e-3 at batch 16
-    min_lr=3.2e-4,
-    warmup_lr=3.2e-5,
-    warmup_epochs=1,
-    workers=1,
-    seg_crop=64,
-    seg_stride=43,
-)
-
 
 HUE_BANDS = {CIRCLE: (-0.05, 0.17), SQUARE: (0.22, 0.5), TRIANGLE: (0.58, 0.9)}  # HSV hue, 1.0 = 360 degrees
 

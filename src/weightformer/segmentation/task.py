@@ -1,7 +1,8 @@
-"""The segmentation task for the shared training loop: its data, model, loss and metrics.
+"""Segmentation as a task: ADE20K-layout data (or the offline ``shapes`` set), an UperNet on a timm
+backbone, its recipes, and ``weightformer seg train|eval|predict``.
 
-:class:`SegmentationTask` plugs ADE20K-layout data (or the built-in ``shapes`` set) and an UperNet
-on a timm backbone into :func:`weightformer.engine.train`; ``--img-size`` is the training crop.
+:class:`SegmentationTask` plugs the data and the model into :func:`weightformer.engine.train`;
+``--img-size`` is the training crop.
 
 The loss is mmseg's: pixel-wise cross-entropy averaged over all pixels of the batch (ignored ones
 add zero), plus ``aux_weight`` times the same loss on the auxiliary head's logits. Evaluation
@@ -12,10 +13,7 @@ numbers), resizes the logits to the annotation's original size, and scores the a
 
 from __future__ import annotations
 
-import re
-from contextlib import nullcontext
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,24 +22,22 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError
-from ..engine.config import TrainConfig
+from ..engine.device import autocast
 from ..engine.distributed import DistInfo
-from ..engine.errors import ConfigError
-from ..engine.task import Task, TaskData
-from .data import IGNORE_INDEX, EvalTransform, SegmentationBatch, SegmentationFolder, TrainTransform, collate_segmentation
-from .inference import slide_inference, whole_inference
+from ..engine.errors import ConfigError, is_signature_error
+from ..engine.recipes import Recipe, RecipeChoice
+from ..engine.task import Command, Task, TaskData
+from . import recipes
+from .config import SegmentationConfig
+from .data import (IGNORE_INDEX, EvalTransform, SegmentationBatch, SegmentationFolder, TrainTransform,
+                   class_names, collate_segmentation, find_root, folder_classes)
+from .inference import INFERENCE_MODES, slide_inference, whole_inference
 from .metrics import SegmentationMetric
 from .model import build_upernet
-from .synthetic import SHAPES_CLASSES, SHAPES_NAME, shapes_root
 
-__all__ = [
-    "ADE_CLASSES", "INFERENCE_MODES", "SegmentationTask", "build_segmenter", "data_root", "default_num_classes",
-    "eval_transform", "evaluate", "training_loss",
-]
+__all__ = ["BACKBONE_PATH", "SegmentationTask", "build_segmenter", "eval_transform", "evaluate", "training_loss"]
 
 BACKBONE_PATH = "pyramid.backbone"  # the timm model inside the segmenter (UperNet -> SimpleFeaturePyramid)
-
-INFERENCE_MODES = ("whole", "slide")
 
 
 def _cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -73,25 +69,24 @@ def evaluate(
     mode: str = "whole",
     crop: int = 512,
     stride: int = 341,
-    amp_dtype: Optional[torch.dtype] = None,
+    amp: str = "none",
 ) -> dict[str, object]:
     """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s batches.
 
     ``loader`` yields :class:`SegmentationBatch` (``collate_segmentation``) of eval-transformed
-    samples. ``mode`` is "whole" or "slide" (``crop`` windows every ``stride`` pixels). Under
-    torch.distributed each rank scores its shard and the areas are summed, so every rank returns
-    the numbers of the whole split.
+    samples. ``mode`` is "whole" or "slide" (``crop`` windows every ``stride`` pixels); ``amp`` is
+    none, bf16 or fp16 (a GPU's). Under torch.distributed each rank scores its shard and the areas
+    are summed, so every rank returns the numbers of the whole split.
     """
     if mode not in INFERENCE_MODES:
         raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
     was_training = model.training
     model.eval()
     metric = SegmentationMetric(num_classes, IGNORE_INDEX, device=device)
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
     for batch in loader:
         for image, label, (h, w), (label_h, label_w) in zip(*batch):
             image = image[None, :, :h, :w].to(device, non_blocking=True)  # (1, 3, h, w) without the padding
-            with autocast:
+            with autocast(device, amp):
                 if mode == "whole":
                     logits = whole_inference(model, image)
                 else:
@@ -107,28 +102,13 @@ def evaluate(
 # The task
 # --------------------------------------------------------------------------------------------------
 
-ADE_CLASSES = 150  # classes of an ADE20K-layout folder when --num-classes is not given
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-# The TypeError Python raises when a call's keywords do not fit the signature (not one from inside the model).
-_SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for (keyword )?argument")
-
-
-def data_root(data: str) -> Path:
-    """The folder of ``--data``: the built-in ``shapes`` set (written to the cache on first use), or a path."""
-    return shapes_root() if data == SHAPES_NAME else Path(data).expanduser()
-
-
-def default_num_classes(data: str) -> int:
-    """Classes when --num-classes is not given: the shapes set's 4, else ADE20K's 150."""
-    return len(SHAPES_CLASSES) if data == SHAPES_NAME else ADE_CLASSES
-
 
 def eval_transform(img_size: int) -> EvalTransform:
     """Test-time resize for a model trained on ``img_size`` crops: short side to img_size, long side at most 4x."""
     return EvalTransform(scale=(4 * img_size, img_size), mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
 
 
-def build_segmenter(meta: dict[str, Any]) -> nn.Module:
+def build_segmenter(meta: Mapping[str, Any]) -> nn.Module:
     """The UperNet of a checkpoint's ``meta``: ``build_upernet(meta["model"], meta["num_classes"], **meta["model_kwargs"])``.
 
     ``model_kwargs`` holds the head's widths (``channels``, ``pyramid_channels``, ``aux_channels``,
@@ -139,7 +119,7 @@ def build_segmenter(meta: dict[str, Any]) -> nn.Module:
     try:
         return build_upernet(meta["model"], meta["num_classes"], **kwargs)
     except TypeError as exc:
-        if not _SIGNATURE_ERROR.search(str(exc)):
+        if not is_signature_error(exc):
             raise
         raise ConfigError(f"{meta['model']} does not take the model arguments {kwargs}: {exc}; check --model-kwargs "
                           f"(head widths: channels, pyramid_channels, aux_channels, pool_scales)") from exc
@@ -157,41 +137,68 @@ class SegmentationTask(Task):
     """
 
     name = "segmentation"
-    command = "weightformer seg"
+    cli_name = "seg"
+    description = "Semantic segmentation: UperNet on a WeightFormer (or any timm) backbone, ADE20K-layout data."
+    config_class = SegmentationConfig
     output_prefix = "seg_"
     best_metric = "mIoU"
     curve_metrics = ("mIoU", "mAcc", "aAcc")
     backbone_path = BACKBONE_PATH
 
-    def __init__(self, cfg: TrainConfig):
+    cfg: SegmentationConfig
+
+    @classmethod
+    def recipes(cls) -> Sequence[Recipe]:
+        return recipes.RECIPES
+
+    @classmethod
+    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
+        return recipes.choose_recipe(data, settings)
+
+    @classmethod
+    def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
+        return build_segmenter(meta)
+
+    @classmethod
+    def commands(cls) -> Sequence[Command]:
+        from .cli import COMMANDS
+
+        return COMMANDS
+
+    def __init__(self, cfg: SegmentationConfig):
         super().__init__(cfg)
         self.img_size = cfg.img_size or 512
-        self.num_classes = cfg.num_classes or default_num_classes(cfg.data)
+        self.num_classes = cfg.num_classes  # None until build_data reads the data's own
+        self.classes: list[str] | None = None
         self.distributed_cuda = False  # set by build_data: several CUDA processes share the batch statistics
-        if cfg.seg_inference == "slide" and cfg.seg_stride > cfg.seg_crop:
-            raise ConfigError(f"sliding-window stride {cfg.seg_stride} is larger than the crop {cfg.seg_crop}: "
-                              f"the windows would leave pixels out; pass a --stride of at most --crop")
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         cfg = self.cfg
         self.distributed_cuda = dist_info.world_size > 1 and dist_info.device.type == "cuda"
-        root = data_root(cfg.data)
+        root = find_root(cfg.data)
+        counted = ""
+        if cfg.num_classes is None:
+            classes = folder_classes(cfg.data, root, cfg.reduce_zero_label)
+            self.num_classes, counted = classes.count, f"{classes.source}; "
+        names = class_names(cfg.data, root, cfg.reduce_zero_label)
+        self.classes = names if names is not None and len(names) == self.num_classes else None
         train_tf = TrainTransform(crop_size=self.img_size, scale=(4 * self.img_size, self.img_size), hflip=cfg.hflip,
                                   photometric=not cfg.no_aug)
         common = dict(reduce_zero_label=cfg.reduce_zero_label, num_classes=self.num_classes, verify=cfg.verify_images)
         train_set = SegmentationFolder(root, "training", transform=train_tf, seed=cfg.seed, **common)
         val_set = SegmentationFolder(root, "validation", transform=eval_transform(self.img_size), **common)
-        description = (f"data {cfg.data}: {len(train_set)} train / {len(val_set)} val images, {self.num_classes} classes "
-                       f"({'reduce-zero-label' if cfg.reduce_zero_label else 'label 0 is a class'}), "
+        description = (f"data {cfg.data}: {len(train_set)} train / {len(val_set)} val images, {self.num_classes} "
+                       f"classes ({counted}{'reduce-zero-label' if cfg.reduce_zero_label else 'label 0 is a class'}), "
                        f"{self.img_size} px crops, {cfg.seg_inference} inference")
         return TaskData(train_set, val_set, description, collate_fn=collate_segmentation)
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
         cfg = self.cfg
+        assert self.num_classes is not None, "build_data comes first"
         meta = {
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
             "num_classes": self.num_classes, "reduce_zero_label": cfg.reduce_zero_label, "img_size": self.img_size,
-            "data": cfg.data, "classes": list(SHAPES_CLASSES) if cfg.data == SHAPES_NAME else None,
+            "data": cfg.data, "classes": self.classes,
         }
         model = build_segmenter(meta)
         if self.distributed_cuda:  # mmseg's SyncBN: batch statistics over every process's images (CUDA only)
@@ -199,9 +206,6 @@ class SegmentationTask(Task):
         return model.to(device), meta
 
     def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
-        if meta.get("task") not in (None, self.name):
-            raise CheckpointError(f"{source} is a {meta['task']} checkpoint, not a segmentation one; "
-                                  f"pass a checkpoint of weightformer seg train")
         if meta.get("num_classes") not in (None, self.num_classes):
             raise CheckpointError(f"{source} has {meta['num_classes']} classes and this run {self.num_classes}; "
                                   f"pass --num-classes {meta['num_classes']} or the data it was trained on "
@@ -214,8 +218,7 @@ class SegmentationTask(Task):
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, float]:
         cfg = self.cfg
-        result = evaluate(model, loader, self.num_classes, device, cfg.seg_inference, cfg.seg_crop, cfg.seg_stride,
-                          AMP_DTYPES[amp])
+        result = evaluate(model, loader, self.num_classes, device, cfg.seg_inference, cfg.seg_crop, cfg.seg_stride, amp)
         return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"],
                 "images": len(loader.dataset)}  # type: ignore[arg-type]
 

@@ -1,0 +1,52 @@
+"""Generation's settings: the engine's, plus the latent space (``--vae``) and the loss weighting
+(``--min-snr-gamma``), with the model checked against the diffusion variants.
+
+The values that matter come from the recipe chosen for the data (:mod:`.recipes`); the defaults
+here are DiT's model on the bundled MNIST, what a config built by hand starts from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+from ..engine.config import TrainConfig, setting
+from ..engine.errors import ConfigError
+from .variants import DIT_VARIANTS
+
+__all__ = ["GenerationConfig"]
+
+
+@dataclass
+class GenerationConfig(TrainConfig):
+    """A class-conditional diffusion run: a WeightFormer-DiT (or DiT) on the bundled MNIST or an ImageFolder tree."""
+
+    data: str = setting("mnist", help="mnist (bundled) or an ImageFolder tree with train/ and val/ (a folder per "
+                                      "class in each); its size picks the recipe")
+    model: str = setting("wf_dit_s_2", help="the diffusion model: wf_dit_{s,b,l,xl}_{2,4,8} (WeightFormer-DiT) or "
+                                            "dit_{s,b,l,xl}_{2,4,8} (DiT, attention)")
+    # The small-data recipe sizes these two to the folder, so the recipes' values cannot be listed.
+    workers: int = setting(TrainConfig.workers,
+                           help="data-loading processes per training process (default: 0 (offline); 4 (dit); "
+                                "small-data: 0 up to 2,000 training images, else 4)")
+    epochs: int = setting(TrainConfig.epochs,
+                          help="length of the schedule in epochs (default: 13 (offline); 80 (dit); small-data: "
+                               "enough epochs for about 3,250 steps, 13 to 500)")
+    vae: Optional[str] = setting(None, metavar="PATH",
+                                 help="train in the latent space of the diffusers AutoencoderKL saved in this local "
+                                      "folder (e.g. stabilityai/sd-vae-ft-ema); latents are computed once and cached "
+                                      "(default: pixel space)")
+    min_snr_gamma: Optional[float] = setting(None, metavar="GAMMA",
+                                             help="weight the epsilon loss by min(SNR, GAMMA)/SNR, Min-SNR (arXiv "
+                                                  "2303.09556), e.g. 1 or 5; none: uniform weights, as DiT")
+
+    RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
+        ("vae", lambda v: v is None or bool(v), "a local AutoencoderKL folder, or null for pixel space"),
+        ("min_snr_gamma", lambda v: v is None or v > 0, "a positive SNR cap such as 5, or null for DiT's uniform "
+                                                        "weighting"),
+    )
+
+    def check(self) -> None:
+        super().check()
+        if self.model not in DIT_VARIANTS:
+            raise ConfigError(f"model {self.model!r} is not a diffusion model; choose one of {', '.join(DIT_VARIANTS)}")

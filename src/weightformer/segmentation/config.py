@@ -1,0 +1,60 @@
+"""Segmentation's settings: the engine's, plus the classes of the data and how evaluation predicts.
+
+The defaults of the fields below are what every recipe shares; a run's recipe
+(:mod:`weightformer.segmentation.recipes`) sets the rest for its data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+from ..engine.config import TrainConfig, setting
+from ..engine.errors import ConfigError
+from ..models.names import check_timm_model
+from .data import IGNORE_INDEX
+from .inference import INFERENCE_MODES
+from .synthetic import SHAPES_NAME
+
+__all__ = ["SegmentationConfig", "check_windows"]
+
+
+@dataclass
+class SegmentationConfig(TrainConfig):
+    """A segmentation run: an UperNet on a timm backbone, on ADE20K-layout data or the offline shapes set."""
+
+    data: str = setting(SHAPES_NAME, help="ADE20K's ADEChallengeData2016 (or the folder it was unpacked in), any "
+                                          "folder with images/{training,validation}/ and "
+                                          "annotations/{training,validation}/, or shapes, the offline set")
+    model: str = setting("weightformer_tiny", help="the backbone: any timm model name")
+    # Read off the data when not given: shapes' 4; a folder's from ADE20K's objectInfo150.txt, else from
+    # its annotations (see weightformer.segmentation.data.folder_classes).
+    num_classes: Optional[int] = setting(None, help="classes of the data (default: the data's: shapes' 4, ADE20K's "
+                                                    "objectInfo150.txt, else the largest label in the annotations)")
+    reduce_zero_label: bool = setting(True, flag="--no-reduce-zero-label",
+                                      help="label 0 is a class (default: 0 is unlabelled and ignored, value v is "
+                                           "class v-1)")
+    seg_inference: str = setting("whole", flag="--inference", choices=INFERENCE_MODES,
+                                 help="evaluate whole images, or overlapping crops")
+    seg_crop: int = setting(512, flag="--crop", metavar="PX", help="sliding-window crop in pixels")
+    seg_stride: int = setting(341, flag="--stride", metavar="PX", help="sliding-window stride in pixels")
+
+    RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
+        ("num_classes", lambda v: v is None or 1 <= v <= IGNORE_INDEX,
+         f"in [1, {IGNORE_INDEX}] (label {IGNORE_INDEX} is ignored), or null for the data's own"),
+        ("seg_inference", lambda v: v in INFERENCE_MODES, " or ".join(INFERENCE_MODES)),
+        ("seg_crop", lambda v: v >= 1, "a positive number of pixels"),
+        ("seg_stride", lambda v: v >= 1, "a positive number of pixels"),
+    )
+
+    def check(self) -> None:
+        super().check()
+        check_timm_model(self.model)
+        check_windows(self.seg_inference, self.seg_crop, self.seg_stride)
+
+
+def check_windows(mode: str, crop: int, stride: int) -> None:
+    """Sliding windows must cover every pixel: a stride of at most the crop; ConfigError otherwise."""
+    if mode == "slide" and stride > crop:
+        raise ConfigError(f"sliding-window stride {stride} is larger than the crop {crop}: the windows would leave "
+                          f"pixels out; pass a --stride of at most --crop")

@@ -1,0 +1,101 @@
+"""Evaluating a segmentation checkpoint on a validation split (``weightformer seg eval``), as a function a
+Python user can call: :func:`evaluate_checkpoint`."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+from torch.utils.data import DataLoader
+
+from ..engine.config import config_fields
+from ..engine.device import autocast, pick_device
+from ..engine.errors import ConfigError
+from ..engine.weights import LoadedModel, load_model
+from .config import SegmentationConfig, check_windows
+from .data import SegmentationFolder, collate_segmentation, find_root
+from .inference import INFERENCE_MODES
+from .task import eval_transform, evaluate
+
+__all__ = ["evaluate_checkpoint", "format_eval", "inference_settings", "load_segmenter"]
+
+INFERENCE_FIELDS = ("seg_inference", "seg_crop", "seg_stride")  # --inference, --crop, --stride
+
+
+def inference_settings(loaded: LoadedModel, inference: Optional[str] = None, crop: Optional[int] = None,
+                       stride: Optional[int] = None) -> dict[str, Any]:
+    """``seg_inference``, ``seg_crop`` and ``seg_stride``: those given, else those the checkpoint was
+    trained with, else the settings' defaults; checked (ConfigError)."""
+    saved = (loaded.checkpoint or {}).get("config") or {}
+    defaults = config_fields(SegmentationConfig)
+    given = dict(zip(INFERENCE_FIELDS, (inference, crop, stride)))
+    chosen = {name: given[name] if given[name] is not None else saved.get(name, defaults[name].default)
+              for name in INFERENCE_FIELDS}
+    if chosen["seg_inference"] not in INFERENCE_MODES:
+        raise ConfigError(f"--inference must be {' or '.join(INFERENCE_MODES)}, got {chosen['seg_inference']!r}")
+    if chosen["seg_crop"] < 1 or chosen["seg_stride"] < 1:
+        raise ConfigError(f"--crop and --stride must be positive pixels, got {chosen['seg_crop']} and "
+                          f"{chosen['seg_stride']}")
+    check_windows(chosen["seg_inference"], chosen["seg_crop"], chosen["seg_stride"])
+    return chosen
+
+
+def load_segmenter(checkpoint: str | os.PathLike, use_ema: bool = False, device: str = "auto",
+                   inference: Optional[str] = None, crop: Optional[int] = None,
+                   stride: Optional[int] = None) -> tuple[LoadedModel, dict[str, Any]]:
+    """The segmenter of ``checkpoint`` (in eval mode on ``device``) and its :func:`inference_settings`."""
+    loaded = load_model(checkpoint, task="segmentation", use_ema=use_ema, device=pick_device(device))
+    return loaded, inference_settings(loaded, inference, crop, stride)
+
+
+def _json_safe(values: Sequence[float]) -> list[Optional[float]]:
+    """NaN (a class never labelled nor predicted) as null."""
+    return [None if math.isnan(v) else v for v in values]
+
+
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike,
+    data: Optional[str] = None,
+    use_ema: bool = False,
+    inference: Optional[str] = None,
+    crop: Optional[int] = None,
+    stride: Optional[int] = None,
+    batch_size: int = 8,
+    workers: int = 0,
+    amp: str = "none",
+    device: str = "auto",
+) -> dict[str, Any]:
+    """mIoU, mAcc, aAcc (percent) and the IoU of each class of the model in ``checkpoint`` (a ``last.pt``
+    or ``best.pt`` of ``weightformer seg train``) on the validation split of ``data`` (default: the data
+    it was trained on). ``inference``, ``crop`` and ``stride`` default to the run's own. Each image is
+    predicted at its own size, as during training, so the numbers equal the run's evaluation."""
+    if batch_size < 1 or workers < 0:
+        raise ConfigError(f"--batch-size must be at least 1 and --workers 0 or more, got {batch_size} and {workers}")
+    loaded, settings = load_segmenter(checkpoint, use_ema, device, inference, crop, stride)
+    meta, target = loaded.meta, next(loaded.model.parameters()).device
+    autocast(target, amp)  # --amp checked against the device before the data is read
+    data = data or meta["data"]
+    val_set = SegmentationFolder(find_root(data, ("validation",)), "validation",
+                                 reduce_zero_label=meta["reduce_zero_label"], num_classes=meta["num_classes"],
+                                 transform=eval_transform(meta["img_size"]))
+    loader = DataLoader(val_set, batch_size=batch_size, num_workers=min(workers, os.cpu_count() or 1),
+                        collate_fn=collate_segmentation)
+    metrics = evaluate(loaded.model, loader, meta["num_classes"], target, settings["seg_inference"],
+                       settings["seg_crop"], settings["seg_stride"], amp)
+    return {
+        "checkpoint": str(checkpoint), "data": str(data), "images": len(val_set), **settings,
+        "mIoU": metrics["mIoU"], "mAcc": metrics["mAcc"], "aAcc": metrics["aAcc"],
+        "per_class_iou": _json_safe(metrics["per_class_iou"]), "classes": meta.get("classes"),
+    }
+
+
+def format_eval(result: Mapping[str, Any]) -> str:
+    """The result's lines as ``seg eval`` prints them: the scores, and each class's IoU for up to 20 classes."""
+    lines = [f"{result['checkpoint']} on {result['data']} ({result['images']} images, {result['seg_inference']} "
+             f"inference): mIoU {result['mIoU']:.2f}%, mAcc {result['mAcc']:.2f}%, aAcc {result['aAcc']:.2f}%"]
+    names = result.get("classes") or [str(c) for c in range(len(result["per_class_iou"]))]
+    if len(names) <= 20:
+        lines.append("  IoU per class: " + ", ".join(f"{n} {'-' if v is None else f'{v:.1f}'}"
+                                                     for n, v in zip(names, result["per_class_iou"])))
+    return "\n".join(lines)

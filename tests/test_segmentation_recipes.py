@@ -1,0 +1,121 @@
+"""Segmentation's recipes: which one a run's data gets and why (said on the run's first line), the paper's
+recipe as the shipped config has it, and the Python API resolving exactly what ``seg train``'s flags do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from weightformer.cli import main
+from weightformer.engine import prepare_config
+from weightformer.engine.cli import build_parser, train_overrides
+from weightformer.engine.config import load_config_file
+from weightformer.segmentation import SegmentationConfig, SegmentationTask
+from weightformer.segmentation import recipes
+from weightformer.segmentation.synthetic import write_shapes
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+TINY = ["--model-kwargs", "embed_dim=32", "depth=2", "channels=16", "pyramid_channels=16", "aux_channels=8",
+        "--img-size", "32", "--batch-size", "4", "--workers", "0", "--device", "cpu", "--max-steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's small folder in the ADE20K layout: 12 training images of 64 to 96 px."""
+    return write_shapes(tmp_path_factory.mktemp("mine"), train=12, val=2)
+
+
+def _fake_count(monkeypatch: pytest.MonkeyPatch, images: int) -> None:
+    monkeypatch.setattr(recipes, "count_files", lambda folder, extensions: images)
+
+
+def test_a_small_folder_without_init_gets_the_small_data_recipe_and_the_run_says_why(folder: Path, tmp_path: Path,
+                                                                                      capsys):
+    assert main(["seg", "train", "--data", str(folder), "--output", str(tmp_path / "run"), *TINY]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("recipe small-data: the shapes job's recipe on 64 px crops")
+    assert (f"chosen because {folder / 'images' / 'training'} holds 12 training images, fewer than the 10000 the "
+            f"paper's ADE20K recipe needs; there is no --init, so a small model trains from scratch") in first
+    assert "64 px crops, as its images are small (median short side" in first
+
+
+def test_the_small_data_recipe_can_learn_where_the_old_default_could_not(folder: Path):
+    """The ImageNet classifier's batch 256 and lr 5e-4 gave a folder one step an epoch; now it is the
+    shapes job's schedule: batch 16, lr 1e-3 at that batch, 50 epochs."""
+    cfg = prepare_config({"data": str(folder)}, task=SegmentationTask).cfg
+    assert (cfg.batch_size, cfg.epochs, cfg.lr * cfg.batch_size / 512) == (16, 50, pytest.approx(1e-3))
+    assert cfg.model_kwargs == {"embed_dim": 96, "depth": 4, "channels": 64, "pyramid_channels": 64, "aux_channels": 32}
+
+
+def test_crops_for_photographs_and_for_small_images(folder: Path, tmp_path: Path):
+    from PIL import Image
+
+    photos = write_shapes(tmp_path / "photos", train=2, val=1)
+    for path in (photos / "images" / "training").iterdir():
+        Image.new("RGB", (640, 480)).save(path)
+    cfg = prepare_config({"data": str(photos)}, task=SegmentationTask).cfg
+    assert (cfg.img_size, cfg.seg_crop, cfg.seg_stride) == (256, 256, 171)
+    cfg = prepare_config({"data": str(folder)}, task=SegmentationTask).cfg
+    assert (cfg.img_size, cfg.seg_crop, cfg.seg_stride) == (64, 64, 43)
+
+
+def test_init_and_a_real_size_folder_get_the_papers_recipe(folder: Path, monkeypatch):
+    _fake_count(monkeypatch, 20_210)  # ADE20K's training images
+    run = prepare_config({"data": str(folder), "init": "weightformer_s_imagenet.pth"}, task=SegmentationTask)
+    assert run.recipe.recipe is recipes.ADE20K
+    assert run.recipe.line().startswith("recipe ade20k-upernet: the paper's ADE20K UperNet recipe")
+    assert run.recipe.reason == (f"{folder / 'images' / 'training'} holds 20210 training images (at least 10000) "
+                                 f"and --init gives a pretrained backbone")
+    cfg = run.cfg
+    assert (cfg.model, cfg.img_size, cfg.batch_size, cfg.sched, cfg.seg_inference, cfg.num_classes) == \
+        ("weightformer_small", 512, 2, "poly", "slide", None)  # None: the data's own count
+
+
+@pytest.mark.parametrize("images, init, name, says", [
+    (20_210, None, "small-data", "enough for the paper's ADE20K recipe, which fine-tunes a pretrained backbone; "
+                                 "there is no --init"),
+    (9_999, "w.pth", "fine-tune", "fewer than the 10000 the paper's ADE20K recipe needs; --init gives the weights"),
+])
+def test_the_papers_recipe_needs_both_init_and_images(folder: Path, monkeypatch, images, init, name, says):
+    _fake_count(monkeypatch, images)
+    choice = prepare_config({"data": str(folder), "init": init}, task=SegmentationTask).recipe
+    assert choice.recipe.name == name and f"holds {images} training images, {says}" in choice.reason
+
+
+def test_shapes_and_unreadable_folders(tmp_path: Path):
+    assert prepare_config({}, task=SegmentationTask).recipe.recipe is recipes.OFFLINE
+    choice = prepare_config({"data": str(tmp_path / "nowhere")}, task=SegmentationTask).recipe
+    assert choice.recipe.name == "small-data" and "holds no training images in a layout" in choice.reason
+
+
+def test_the_papers_recipe_is_the_shipped_config():
+    shipped = load_config_file(CONFIGS / "ade20k_upernet_weightformer_s_160k.yaml", SegmentationConfig)
+    for where_and_count in ("data", "output", "num_classes"):  # the run's own; the count is the data's
+        shipped.pop(where_and_count)
+    assert dict(recipes.ADE20K.values) == shipped
+
+
+@pytest.mark.parametrize("flags, settings", [
+    ([], {}),
+    (["--data", "FOLDER"], {"data": "FOLDER"}),
+    (["--data", "FOLDER", "--inference", "slide", "--crop", "48", "--stride", "32", "--no-reduce-zero-label",
+      "--num-classes", "5", "--layer-decay", "0.8", "--model-kwargs", "depth=2", "--set", "weight_decay=0.1"],
+     {"data": "FOLDER", "seg_inference": "slide", "seg_crop": 48, "seg_stride": 32, "reduce_zero_label": False,
+      "num_classes": 5, "layer_decay": 0.8, "model_kwargs": {"depth": 2}, "weight_decay": 0.1}),
+    (["--data", "FOLDER", "--init", "w.pth", "--model", "deit_small_patch16_224", "--config", "CONFIG"],
+     {"data": "FOLDER", "init": "w.pth", "model": "deit_small_patch16_224"}),
+])
+def test_the_python_api_resolves_what_the_flags_do(folder: Path, tmp_path: Path, flags, settings):
+    config = tmp_path / "run.yaml"
+    config.write_text("epochs: 7\nseg_crop: 40\n")
+    flags = [str(folder) if f == "FOLDER" else str(config) if f == "CONFIG" else f for f in flags]
+    settings = {k: str(folder) if v == "FOLDER" else v for k, v in settings.items()}
+    args = build_parser(SegmentationTask).parse_args(["train", *flags])
+    config_file = getattr(args, "config_file", None)
+    from_flags = prepare_config(train_overrides(args, SegmentationTask), config_file, task=SegmentationTask)
+    from_python = prepare_config(settings, str(config) if config_file else None, task=SegmentationTask)
+    assert from_flags.cfg == from_python.cfg and from_flags.recipe == from_python.recipe
+    assert isinstance(from_python.cfg, SegmentationConfig)
+    if config_file:
+        assert (from_python.cfg.epochs, from_python.cfg.seg_crop) == (7, 40)
