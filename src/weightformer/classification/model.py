@@ -11,7 +11,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from torch import nn
 
 from ..checkpoint import CheckpointError
-from ..engine.errors import ConfigError, is_signature_error
+from ..engine.errors import ConfigError, model_arguments_checked
 
 __all__ = ["build_classifier", "check_input_size", "pretrained_cfg"]
 
@@ -37,16 +37,10 @@ def build_classifier(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Mo
         raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
     kwargs = meta["model_kwargs"]
     try:
-        return timm.create_model(
-            name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **kwargs
-        )
-    except TypeError as exc:
-        if not is_signature_error(exc):
-            raise
-        raise ConfigError(f"{name} does not take the model arguments {kwargs}: {exc}; check --model-kwargs") from exc
-    except ValueError as exc:
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"cannot build {name} with model arguments {kwargs}: {detail}; check --model-kwargs") from exc
+        with model_arguments_checked(name, kwargs):
+            return timm.create_model(
+                name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **kwargs
+            )
     except (HfHubHTTPError, OSError) as exc:
         if not pretrained:
             raise

@@ -70,9 +70,13 @@ def small_data_recipe(side: int | None) -> Recipe:
     if side is None or side >= SMALL_IMAGE_SIDE:
         return SMALL_DATA
     size = max(16, -(-side // 4) * 4)  # a multiple of the 4 px patch
+    # A 0.4M-parameter model on a few hundred small images underfits under RandAugment and erasing: on
+    # 400 MNIST digits (a folder of PNGs), 100 epochs reached 37.5% top-1 with them at lr 4e-3, 84.0%
+    # without them at lr 1.6e-2 (1e-3 at batch 32), in 2.5 minutes of one CPU thread.
     return Recipe(SMALL_DATA.name, f"a narrow WeightFormer (4 px patches) from scratch at the images' {size} px, "
-                                   f"batch 32, 100 epochs, RandAugment without Mixup/CutMix",
-                  {**SMALL_DATA.values, "img_size": size, "model": "weightformer_tiny",
+                                   f"batch 32, 100 epochs, random crops and flips only",
+                  {**SMALL_DATA.values, "img_size": size, "model": "weightformer_tiny", "lr": 1.6e-2,
+                   "min_lr": 1.6e-4, "warmup_lr": 1.6e-5, "auto_augment": None, "reprob": 0.0,
                    "model_kwargs": {"patch_size": 4, "embed_dim": 96, "depth": 4, "drop_path_rate": 0.0}})
 
 

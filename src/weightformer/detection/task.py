@@ -28,7 +28,7 @@ from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo
-from ..engine.errors import ConfigError
+from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from ..engine.weights import read_checkpoint
@@ -72,14 +72,12 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
     size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
     backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
-    try:
+    what = f"a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']}"
+    with model_arguments_checked(what, meta["model_kwargs"]):
         backbone = build_backbone(meta["model"], **backbone_kwargs)
         pyramid = SimpleFeaturePyramid(backbone, out_channels=detector_kwargs.get("conv_dim", _CONV_DIM))
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], min_size=meta["img_size"],
                               max_size=meta.get("max_size", meta["img_size"]), **detector_kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"cannot build a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']} with "
-                          f"model_kwargs {dict(meta['model_kwargs'])} ({exc})") from None
 
 
 def _class_names(dataset: CocoDetection, num_classes: int) -> list[str]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
-__all__ = ["ConfigError", "TrainingDivergedError", "USER_ERRORS", "is_signature_error"]
+__all__ = ["ConfigError", "TrainingDivergedError", "USER_ERRORS", "is_signature_error", "model_arguments_checked"]
 
 
 class ConfigError(ValueError):
@@ -28,3 +30,22 @@ def is_signature_error(exc: TypeError) -> bool:
     """Whether ``exc`` says a call's keywords do not fit the callee (a user's bad ``--model-kwargs``),
     rather than a TypeError raised inside it (a bug)."""
     return bool(_SIGNATURE_ERROR.search(str(exc)))
+
+
+@contextmanager
+def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = "") -> Iterator[None]:
+    """Build a model inside this block: a builder's refusal of the user's model kwargs (the TypeError of
+    a keyword it does not take, or a ValueError for a value it refuses) becomes one ConfigError line
+    naming ``what`` and the kwargs; any other TypeError is a bug and keeps its traceback. ``hint``
+    adds what the kwargs may hold (e.g. a head's widths)."""
+    try:
+        yield
+    except TypeError as exc:
+        if not is_signature_error(exc):
+            raise
+        raise ConfigError(f"{what} does not take the model arguments {dict(kwargs)}: {exc}; check --model-kwargs"
+                          f"{hint}") from exc
+    except ValueError as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot build {what} with model arguments {dict(kwargs)}: {detail}; check "
+                          f"--model-kwargs{hint}") from exc

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..checkpoint import CheckpointError
 from ..data import BUILTIN_DATASETS
 from ..engine.errors import ConfigError
 from ..engine.weights import LoadedModel, load_model

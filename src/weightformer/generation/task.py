@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Subset
 from ..checkpoint import CheckpointError
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo, all_reduce_sum
-from ..engine.errors import ConfigError, is_signature_error
+from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes
@@ -65,16 +65,9 @@ class GenerationTask(Task):
     def model_from_meta(cls, meta: Mapping[str, Any]) -> WeightFormerDiT:
         """The WF-DiT (or DiT) a checkpoint's ``meta`` describes, randomly initialised."""
         kwargs = dict(meta["model_kwargs"])
-        try:
+        with model_arguments_checked(meta["model"], kwargs):
             return create_dit(meta["model"], input_size=meta["input_size"], in_channels=meta["in_channels"],
                               num_classes=meta["num_classes"], **kwargs)
-        except TypeError as exc:
-            if not is_signature_error(exc):
-                raise
-            raise ConfigError(f"{meta['model']} does not take the model arguments {kwargs}: {exc}; check "
-                              f"--model-kwargs") from None
-        except ValueError as exc:
-            raise ConfigError(f"cannot build {meta['model']} with model arguments {kwargs} ({exc})") from None
 
     @classmethod
     def commands(cls) -> Sequence[Command]:

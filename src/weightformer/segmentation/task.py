@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from ..checkpoint import CheckpointError
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo
-from ..engine.errors import ConfigError, is_signature_error
+from ..engine.errors import model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes
@@ -116,16 +116,9 @@ def build_segmenter(meta: Mapping[str, Any]) -> nn.Module:
     model refuses, is a :class:`ConfigError`.
     """
     kwargs = meta["model_kwargs"]
-    try:
+    with model_arguments_checked(f"an UperNet on {meta['model']}", kwargs,
+                                 " (head widths: channels, pyramid_channels, aux_channels, pool_scales)"):
         return build_upernet(meta["model"], meta["num_classes"], **kwargs)
-    except TypeError as exc:
-        if not is_signature_error(exc):
-            raise
-        raise ConfigError(f"{meta['model']} does not take the model arguments {kwargs}: {exc}; check --model-kwargs "
-                          f"(head widths: channels, pyramid_channels, aux_channels, pool_scales)") from exc
-    except ValueError as exc:
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"cannot build an UperNet on {meta['model']} with model arguments {kwargs}: {detail}") from exc
 
 
 class SegmentationTask(Task):
