@@ -387,7 +387,7 @@ def predict(checkpoint: str | Path, paths: Sequence[str | Path], batch_size: int
 # Commands: thin layers over the library functions
 # -------------------------------------------------------------------------------------------------
 def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    cli.add_checkpoint_arguments(p, BlobsTask)
+    cli.add_checkpoint_arguments(p, BlobsTask.command())
     p.add_argument("--data", help="blobs, or a folder with val/<count>/ (default: the checkpoint's data)")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     cli.add_json_argument(p)
@@ -405,7 +405,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
-    cli.add_checkpoint_arguments(p, BlobsTask)
+    cli.add_checkpoint_arguments(p, BlobsTask.command())
     cli.add_json_argument(p)
 
 

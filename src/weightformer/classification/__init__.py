@@ -1,5 +1,9 @@
-"""Image classification: the first task of the shared training engine (``weightformer train``)."""
+"""Image classification as a task, a peer of the others: its settings (:mod:`.config`), recipes
+(:mod:`.recipes`), timm model builder (:mod:`.model`), evaluation (:mod:`.evaluate`), prediction
+(:mod:`.predict`) and commands (``weightformer train|eval|predict``, also ``weightformer cls``)."""
 
+from .config import ClassificationConfig
+from .evaluate import evaluate_checkpoint
 from .task import ClassificationTask
 
-__all__ = ["ClassificationTask"]
+__all__ = ["ClassificationConfig", "ClassificationTask", "evaluate_checkpoint"]

@@ -86,7 +86,7 @@ def _check_predict_arguments(args: argparse.Namespace) -> None:
 
 def _run_predict(args: argparse.Namespace) -> int:
     from ..engine.weights import load_model
-    from ..export.files import check_output
+    from ..engine.outputs import check_output
     from ..data.images import image_paths
     from .predict import EXIT_SKIPPED, predict, write_predictions
 

@@ -14,7 +14,7 @@ from timm.data.transforms import _str_to_torch_interpolation
 
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
-from ..models.names import check_timm_model
+from ..models.names import unknown_timm_model
 
 __all__ = ["ClassificationConfig"]
 
@@ -60,7 +60,9 @@ class ClassificationConfig(TrainConfig):
 
     def check(self) -> None:
         super().check()
-        check_timm_model(self.model)
+        problem = unknown_timm_model(self.model)
+        if problem:
+            raise ConfigError(problem)
         if self.interpolation not in INTERPOLATIONS:
             raise ConfigError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
         check_auto_augment(self.auto_augment)

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from ..data.folder import DECODE_ERRORS, rgb_loader
 from ..engine.weights import LoadedModel
-from ..export.files import output_file
+from ..engine.outputs import output_file
 from .evaluate import eval_transform_config
 
 __all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "predict", "write_predictions"]

@@ -12,13 +12,12 @@ from pathlib import Path
 
 from ..engine.cli import add_checkpoint_arguments, add_json_argument, json_path_argument, print_and_write_results
 from ..engine.task import Command
-from .task import DetectionTask
 
 __all__ = ["COMMANDS"]
 
 
 def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    add_checkpoint_arguments(p, DetectionTask)
+    add_checkpoint_arguments(p, "weightformer det")
     p.add_argument("--data", help="COCO-layout folder or shapes (default: the data the checkpoint was trained on)")
     p.add_argument("--split", metavar="NAME", help="the split to evaluate: images/NAME/ (or NAME/) and "
                                                    "annotations/instances_NAME.json (default: the checkpoint's "
@@ -47,7 +46,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files, or folders of them (searched recursively)")
-    add_checkpoint_arguments(p, DetectionTask)
+    add_checkpoint_arguments(p, "weightformer det")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--score-threshold", type=float, default=0.5,
                    help="keep detections scoring at least this (default: 0.5)")

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
 from ..engine.config import TrainConfig, setting
-from ..models.names import check_timm_model
+from ..engine.errors import ConfigError
+from ..models.names import unknown_timm_model
 from .synthetic import NAME as SHAPES
 
 __all__ = ["RESIZE_MODES", "DetectionConfig"]
@@ -55,4 +56,6 @@ class DetectionConfig(TrainConfig):
 
     def check(self) -> None:
         super().check()
-        check_timm_model(self.model)
+        problem = unknown_timm_model(self.model)
+        if problem:
+            raise ConfigError(problem)

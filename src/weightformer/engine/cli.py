@@ -138,10 +138,11 @@ def _run_train(task: Any, args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------------------------------------
 # Shared flags of the other subcommands
 # -------------------------------------------------------------------------------------------------
-def add_checkpoint_arguments(parser: argparse.ArgumentParser, task: Any, required: bool = True) -> None:
-    """``--checkpoint``, ``--ema`` and ``--device``, the flags of every command that loads a model."""
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, command: str, required: bool = True) -> None:
+    """``--checkpoint``, ``--ema`` and ``--device``, the flags of every command that loads a model;
+    ``command`` is the task's (``weightformer det``), for the help."""
     parser.add_argument("--checkpoint", required=required,
-                        help=f"a last.pt or best.pt written by {task.command()} train")
+                        help=f"a last.pt or best.pt written by {command} train")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto: cuda if available (default: auto)")

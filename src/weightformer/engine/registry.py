@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import difflib
 from importlib import import_module
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 from ..checkpoint import CheckpointError
 
-if TYPE_CHECKING:
-    from .task import Task
-
 __all__ = ["default_task", "get_task", "register_task", "task_names"]
 
-_TASKS: dict[str, Union[str, "type[Task]"]] = {}
+_TASKS: dict[str, Union[str, type]] = {}
 _DEFAULT: list[str] = []
 
 
-def register_task(task: Union[str, "type[Task]"], name: str | None = None, default: bool = False) -> None:
+def register_task(task: Union[str, type], name: str | None = None, default: bool = False) -> None:
     """Make a task known by ``name`` (default: its ``name`` attribute): a Task subclass, or the import
     path ``"package.module:ClassName"`` of one (imported on first use). ``default``: weights that name no
     task are this task's. Registering a name again replaces the entry."""
@@ -37,7 +34,7 @@ def register_task(task: Union[str, "type[Task]"], name: str | None = None, defau
         _DEFAULT[:] = [name]
 
 
-def get_task(name: str) -> "type[Task]":
+def get_task(name: str) -> type:
     """The task registered as ``name``; CheckpointError for a name nobody registered."""
     entry = _TASKS.get(name)
     if entry is None:
@@ -52,7 +49,7 @@ def get_task(name: str) -> "type[Task]":
     return entry
 
 
-def default_task() -> "type[Task]":
+def default_task() -> type:
     """The task of weights that name none."""
     if not _DEFAULT:
         raise CheckpointError("no default task is registered; import weightformer, or pass the task")

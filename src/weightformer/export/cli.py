@@ -15,7 +15,7 @@ from ..engine.cli import run_reporting_errors
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
 from ..engine.weights import load_model
-from .files import check_output
+from ..engine.outputs import check_output
 from .hub import push_to_hub, to_hf
 from .onnx import to_onnx
 from .pt2 import to_pt2

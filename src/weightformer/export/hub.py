@@ -19,7 +19,7 @@ from timm.models._hub import (
 from torch import nn
 
 from ..engine.errors import ConfigError
-from .files import output_folder
+from ..engine.outputs import output_folder
 
 __all__ = ["model_card", "push_to_hub", "to_hf"]
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .files import output_file
+from ..engine.outputs import output_file
 
 __all__ = ["DYNAMIC_AXES", "check_onnx", "to_onnx"]
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from .files import output_file
+from ..engine.outputs import output_file
 from .onnx import _example
 
 __all__ = ["export_program", "load_pt2", "to_pt2"]

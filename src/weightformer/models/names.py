@@ -6,14 +6,14 @@ import difflib
 
 import timm
 
-from ..engine.errors import ConfigError
-
-__all__ = ["check_timm_model"]
+__all__ = ["unknown_timm_model"]
 
 
-def check_timm_model(name: str) -> None:
-    """ConfigError unless ``name`` is a timm model (WeightFormer's register on ``import weightformer``)."""
-    if not timm.is_model(name):
-        close = difflib.get_close_matches(name, timm.list_models(), n=3)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ConfigError(f"model {name!r} is not a timm model; {hint}list names with timm.list_models('*vit*')")
+def unknown_timm_model(name: str) -> str | None:
+    """Why ``name`` is not a timm model, with the closest names (WeightFormer's register on
+    ``import weightformer``), as one line; None when it is one."""
+    if timm.is_model(name):
+        return None
+    close = difflib.get_close_matches(name, timm.list_models(), n=3)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"model {name!r} is not a timm model; {hint}list names with timm.list_models('*vit*')"

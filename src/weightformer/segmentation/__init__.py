@@ -22,12 +22,12 @@ from .data import (
     reduce_zero_label,
     scan_pairs,
 )
-from .evaluation import evaluate_checkpoint
+from .evaluation import evaluate, evaluate_checkpoint
 from .inference import slide_inference, whole_inference
 from .metrics import SegmentationMetric
 from .model import build_upernet
 from .synthetic import SHAPES_CLASSES, shapes_root, write_shapes
-from .task import SegmentationTask, evaluate, training_loss
+from .task import SegmentationTask, training_loss
 
 __all__ = [
     "IGNORE_INDEX",

@@ -19,9 +19,7 @@ AS_TRAINED = "(default: as the checkpoint was trained)"
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     """--checkpoint/--ema/--device, and --inference/--crop/--stride over the checkpoint's own."""
-    from .task import SegmentationTask
-
-    add_checkpoint_arguments(p, SegmentationTask)
+    add_checkpoint_arguments(p, "weightformer seg")
     p.add_argument("--inference", choices=INFERENCE_MODES,
                    help=f"evaluate whole images, or overlapping crops {AS_TRAINED}")
     p.add_argument("--crop", type=int, metavar="PX", help=f"sliding-window crop in pixels {AS_TRAINED}")

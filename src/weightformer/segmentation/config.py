@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
-from ..models.names import check_timm_model
+from ..models.names import unknown_timm_model
 from .data import IGNORE_INDEX
 from .inference import INFERENCE_MODES
 from .synthetic import SHAPES_NAME
@@ -49,7 +49,9 @@ class SegmentationConfig(TrainConfig):
 
     def check(self) -> None:
         super().check()
-        check_timm_model(self.model)
+        problem = unknown_timm_model(self.model)
+        if problem:
+            raise ConfigError(problem)
         check_windows(self.seg_inference, self.seg_crop, self.seg_stride)
 
 

@@ -1,5 +1,10 @@
-"""Evaluating a segmentation checkpoint on a validation split (``weightformer seg eval``), as a function a
-Python user can call: :func:`evaluate_checkpoint`."""
+"""Evaluating a segmenter: mIoU, mAcc and aAcc over a loader (:func:`evaluate`, what the training loop
+calls), and of a checkpoint on a validation split (``weightformer seg eval``), as a function a Python
+user can call: :func:`evaluate_checkpoint`.
+
+Evaluation predicts each image on its own, at its own size (so the batch size and padding do not
+change the numbers), resizes the logits to the annotation's original size, and scores the argmax
+with :class:`SegmentationMetric` over the whole split and all ranks."""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
+import torch
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader
 
 from ..engine.config import config_fields
@@ -14,13 +22,58 @@ from ..engine.device import autocast, pick_device
 from ..engine.errors import ConfigError
 from ..engine.weights import LoadedModel, load_model
 from .config import SegmentationConfig, check_windows
-from .data import SegmentationFolder, collate_segmentation, find_root
-from .inference import INFERENCE_MODES
-from .task import eval_transform, evaluate
+from .data import IGNORE_INDEX, EvalTransform, SegmentationFolder, collate_segmentation, find_root
+from .inference import INFERENCE_MODES, slide_inference, whole_inference
+from .metrics import SegmentationMetric
 
-__all__ = ["evaluate_checkpoint", "format_eval", "inference_settings", "load_segmenter"]
+__all__ = ["eval_transform", "evaluate", "evaluate_checkpoint", "format_eval", "inference_settings", "load_segmenter"]
 
 INFERENCE_FIELDS = ("seg_inference", "seg_crop", "seg_stride")  # --inference, --crop, --stride
+
+
+def eval_transform(img_size: int) -> EvalTransform:
+    """Test-time resize for a model trained on ``img_size`` crops: short side to img_size, long side at most 4x."""
+    return EvalTransform(scale=(4 * img_size, img_size), mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    loader: DataLoader,
+    num_classes: int,
+    device: torch.device,
+    mode: str = "whole",
+    crop: int = 512,
+    stride: int = 341,
+    amp: str = "none",
+) -> dict[str, object]:
+    """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s batches.
+
+    ``loader`` yields :class:`SegmentationBatch` (``collate_segmentation``) of eval-transformed
+    samples. ``mode`` is "whole" or "slide" (``crop`` windows every ``stride`` pixels); ``amp`` is
+    none, bf16 or fp16 (a GPU's). Under torch.distributed each rank scores its shard and the areas
+    are summed, so every rank returns the numbers of the whole split.
+    """
+    if mode not in INFERENCE_MODES:
+        raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
+    was_training = model.training
+    model.eval()
+    metric = SegmentationMetric(num_classes, IGNORE_INDEX, device=device)
+    for batch in loader:
+        for image, label, (h, w), (label_h, label_w) in zip(*batch):
+            image = image[None, :, :h, :w].to(device, non_blocking=True)  # (1, 3, h, w) without the padding
+            with autocast(device, amp):
+                if mode == "whole":
+                    logits = whole_inference(model, image)
+                else:
+                    logits = slide_inference(model, image, crop, stride)  # (1, K, h, w)
+            logits = F.interpolate(logits, size=(int(label_h), int(label_w)), mode="bilinear", align_corners=False)
+            metric.update(logits.argmax(1), label[None, :label_h, :label_w].to(device))
+    metric.all_reduce()
+    model.train(was_training)
+    return metric.compute()
+
+
 
 
 def inference_settings(loaded: LoadedModel, inference: Optional[str] = None, crop: Optional[int] = None,

@@ -27,10 +27,9 @@ from ..data.images import image_paths, read_image
 from ..engine.errors import ConfigError
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
-from .evaluation import load_segmenter
+from .evaluation import eval_transform, load_segmenter
 from .inference import slide_inference, whole_inference
 from .synthetic import SHAPES_CLASSES
-from .task import eval_transform
 
 __all__ = ["image_files", "palette", "predict", "predict_image", "write_prediction"]
 

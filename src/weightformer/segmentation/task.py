@@ -5,10 +5,8 @@ backbone, its recipes, and ``weightformer seg train|eval|predict``.
 ``--img-size`` is the training crop.
 
 The loss is mmseg's: pixel-wise cross-entropy averaged over all pixels of the batch (ignored ones
-add zero), plus ``aux_weight`` times the same loss on the auxiliary head's logits. Evaluation
-predicts each image on its own, at its own size (so the batch size and padding do not change the
-numbers), resizes the logits to the annotation's original size, and scores the argmax with
-:class:`SegmentationMetric` over the whole split and all ranks.
+add zero), plus ``aux_weight`` times the same loss on the auxiliary head's logits. Evaluation is
+:mod:`.evaluation`'s.
 """
 
 from __future__ import annotations
@@ -17,25 +15,22 @@ from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError
-from ..engine.device import autocast
 from ..engine.distributed import DistInfo
 from ..engine.errors import model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes
 from .config import SegmentationConfig
-from .data import (IGNORE_INDEX, EvalTransform, SegmentationBatch, SegmentationFolder, TrainTransform,
+from .evaluation import eval_transform, evaluate
+from .data import (IGNORE_INDEX, SegmentationBatch, SegmentationFolder, TrainTransform,
                    class_names, collate_segmentation, find_root, folder_classes)
-from .inference import INFERENCE_MODES, slide_inference, whole_inference
-from .metrics import SegmentationMetric
 from .model import build_upernet
 
-__all__ = ["BACKBONE_PATH", "SegmentationTask", "build_segmenter", "eval_transform", "evaluate", "training_loss"]
+__all__ = ["BACKBONE_PATH", "SegmentationTask", "build_segmenter", "training_loss"]
 
 BACKBONE_PATH = "pyramid.backbone"  # the timm model inside the segmenter (UperNet -> SimpleFeaturePyramid)
 
@@ -60,52 +55,9 @@ def training_loss(
     return sum(terms.values()), {name: term.detach() for name, term in terms.items()}
 
 
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    loader: DataLoader,
-    num_classes: int,
-    device: torch.device,
-    mode: str = "whole",
-    crop: int = 512,
-    stride: int = 341,
-    amp: str = "none",
-) -> dict[str, object]:
-    """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s batches.
-
-    ``loader`` yields :class:`SegmentationBatch` (``collate_segmentation``) of eval-transformed
-    samples. ``mode`` is "whole" or "slide" (``crop`` windows every ``stride`` pixels); ``amp`` is
-    none, bf16 or fp16 (a GPU's). Under torch.distributed each rank scores its shard and the areas
-    are summed, so every rank returns the numbers of the whole split.
-    """
-    if mode not in INFERENCE_MODES:
-        raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
-    was_training = model.training
-    model.eval()
-    metric = SegmentationMetric(num_classes, IGNORE_INDEX, device=device)
-    for batch in loader:
-        for image, label, (h, w), (label_h, label_w) in zip(*batch):
-            image = image[None, :, :h, :w].to(device, non_blocking=True)  # (1, 3, h, w) without the padding
-            with autocast(device, amp):
-                if mode == "whole":
-                    logits = whole_inference(model, image)
-                else:
-                    logits = slide_inference(model, image, crop, stride)  # (1, K, h, w)
-            logits = F.interpolate(logits, size=(int(label_h), int(label_w)), mode="bilinear", align_corners=False)
-            metric.update(logits.argmax(1), label[None, :label_h, :label_w].to(device))
-    metric.all_reduce()
-    model.train(was_training)
-    return metric.compute()
-
-
 # --------------------------------------------------------------------------------------------------
 # The task
 # --------------------------------------------------------------------------------------------------
-
-
-def eval_transform(img_size: int) -> EvalTransform:
-    """Test-time resize for a model trained on ``img_size`` crops: short side to img_size, long side at most 4x."""
-    return EvalTransform(scale=(4 * img_size, img_size), mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
 
 
 def build_segmenter(meta: Mapping[str, Any]) -> nn.Module:

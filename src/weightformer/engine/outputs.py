@@ -1,5 +1,5 @@
-"""Writing an export without losing a file: into a temporary sibling, renamed over the target at the end,
-and never over an existing output unless asked."""
+"""Writing a command's output without losing a file: into a temporary sibling, renamed over the target at
+the end, and never over an existing output unless asked (exports, prediction files)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..engine.errors import ConfigError
-from ..engine.run_dir import check_writable_file, check_writable_folder
+from .errors import ConfigError
+from .run_dir import check_writable_file, check_writable_folder
 
 __all__ = ["check_output", "output_file", "output_folder"]
 
