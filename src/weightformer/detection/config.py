@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar, Optional
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
 from ..models.names import unknown_timm_model
-from .synthetic import NAME as SHAPES
+from .synthetic import SHAPES_NAME as SHAPES
 
 __all__ = ["RESIZE_MODES", "DetectionConfig"]
 

@@ -102,7 +102,7 @@ def find_split(root: str | Path, role: str, split: Optional[str] = None) -> Coco
 
 def data_root(data: str) -> Path:
     """The COCO-layout folder ``--data`` names: the offline ``shapes`` set (drawn on first use), or a path."""
-    return synthetic.ensure_shapes() if data == synthetic.NAME else Path(data).expanduser()
+    return synthetic.shapes_root() if data == synthetic.SHAPES_NAME else Path(data).expanduser()
 
 
 def _open_coco(path: Path) -> COCO:

@@ -112,7 +112,7 @@ def _sized(recipe: Recipe, side: Optional[int]) -> Recipe:
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     """See the module docstring: the offline job's for shapes; for a folder, by its number of training
     images and ``--init``. A folder that is no COCO layout is one DataError line (:func:`find_split`)."""
-    if data == synthetic.NAME:
+    if data == synthetic.SHAPES_NAME:
         return RecipeChoice(OFFLINE, f"{data} is the offline data set")
     root = Path(data).expanduser()
     image_dir = find_split(root, "train", settings.get("train_split")).image_dir

@@ -21,11 +21,11 @@ import numpy as np
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-__all__ = ["CATEGORIES", "NAME", "SPLIT_SIZES", "cache_root", "ensure_shapes", "write_shapes"]
+__all__ = ["SHAPES_CATEGORIES", "SHAPES_NAME", "SPLIT_SIZES", "cache_root", "shapes_root", "write_shapes"]
 
-NAME = "shapes"  # the --data name that selects this data set
+SHAPES_NAME = "shapes"  # the --data name that selects this data set
 VERSION = "det-shapes-v1"  # bump when the drawing changes, so an old cache is not reused
-CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 2, "name": "square"}, {"id": 3, "name": "triangle"})
+SHAPES_CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 2, "name": "square"}, {"id": 3, "name": "triangle"})
 SPLIT_SIZES = {"train": 200, "val": 50}
 IMAGE_SIDES = (96, 128)  # each side drawn uniformly in this range
 OBJECT_SIDES = (20, 56)  # a shape's bounding square
@@ -68,7 +68,7 @@ def _draw_image(rng: np.random.Generator, image_id: int) -> tuple[Image.Image, l
         if any(x < px + ps and px < x + side and y < py + ps and py < y + side for px, py, ps in placed):
             continue
         placed.append((x, y, side))
-        category = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
+        category = SHAPES_CATEGORIES[int(rng.integers(len(SHAPES_CATEGORIES)))]
         color = rng.integers(0, 256, size=3)
         while np.abs(color.astype(int) - base).sum() < 150:  # visible against the background
             color = rng.integers(0, 256, size=3)
@@ -111,12 +111,12 @@ def write_shapes(root: str | Path, seed: int = 0, split_sizes: Optional[dict[str
             for ann in anns:
                 annotations.append({"id": next_id, **ann})
                 next_id += 1
-        content = {"images": images, "annotations": annotations, "categories": list(CATEGORIES)}
+        content = {"images": images, "annotations": annotations, "categories": list(SHAPES_CATEGORIES)}
         (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(content))
     return root
 
 
-def ensure_shapes(seed: int = 0) -> Path:
+def shapes_root(seed: int = 0) -> Path:
     """The data set's folder in the cache, drawn on first use. Atomic: drawn into a temporary folder
     beside it and renamed into place, so a concurrent or killed writer never leaves a partial one."""
     root = cache_root()

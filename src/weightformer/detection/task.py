@@ -210,7 +210,7 @@ class DetectionTask(Task):
             "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
             "img_size": self.img_size,
             "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
-            "data": cfg.data if cfg.data == synthetic.NAME else str(Path(cfg.data).expanduser().resolve()),
+            "data": cfg.data if cfg.data == synthetic.SHAPES_NAME else str(Path(cfg.data).expanduser().resolve()),
         }
         return build_detector(meta).to(device), meta
 
