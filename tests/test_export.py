@@ -174,7 +174,7 @@ def test_pt2_runs_in_a_fresh_process(exported_224, tmp_path):
     (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "x.onnx", "--push-to-hub", "a/b"], "use it with --format hf"),
     (["--checkpoint", "{ckpt}", "--format", "hf", "--out", "x", "--aoti"], "use it with --format pt2"),
     (["--checkpoint", "missing.pt", "--format", "pt2", "--out", "x.pt2"], "does not exist"),
-    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "{ckpt}"], "already exists; pass --overwrite"),
+    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "{ckpt}"], "would write over the command's input"),
 ])
 def test_mistakes_are_one_line_errors(argv, message, small_checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -67,8 +67,13 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
             f"refused to load {path}: it holds pickled objects other than tensors and plain data "
             f"({detail}). Only load checkpoints you trust; convert it to safetensors if it is yours"
         ) from exc
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({exc})") from exc
+    except (RuntimeError, EOFError, OSError, KeyError, IndexError, ValueError, TypeError, AttributeError,
+            MemoryError) as exc:
+        # What torch's legacy unpickler raises on bytes that are no pickle stream at all: a text file's first
+        # byte read as an opcode (KeyError), random bytes (IndexError), a huge length field (MemoryError), ...
+        detail = str(exc).strip() or type(exc).__name__
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: {detail[:120]}); "
+                              f"pass a .pt/.pth written by torch.save, or a .safetensors file") from exc
 
 
 def _unpickling_detail(message: str) -> str:

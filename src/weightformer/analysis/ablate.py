@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from ..classification.config import ClassificationConfig
-from ..engine.config import config_fields, resolve_config
+from ..engine.config import config_fields, load_yaml, resolve_config
 from ..engine.errors import ConfigError
 
 __all__ = ["AblationConfig", "load_ablation", "main", "measure_cost", "run_ablation", "summarise"]
@@ -69,7 +69,7 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
     if not path.is_file():
         raise ConfigError(f"ablation config {path} does not exist; pass a YAML file such as configs/ablations/dynamic_period.yaml")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"ablation config {path} is not valid YAML ({str(exc).splitlines()[0]})") from exc
     if not isinstance(raw, dict):

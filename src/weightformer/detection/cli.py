@@ -10,7 +10,9 @@ import argparse
 import os
 from pathlib import Path
 
-from ..engine.cli import add_checkpoint_arguments, add_json_argument, json_path_argument, print_and_write_results
+from ..engine.cli import (
+    add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument, print_and_write_results,
+)
 from ..engine.task import Command
 
 __all__ = ["COMMANDS"]
@@ -48,9 +50,10 @@ def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files, or folders of them (searched recursively)")
     add_checkpoint_arguments(p, "weightformer det")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--score-threshold", type=float, default=0.5,
+    p.add_argument("--score-threshold", type=finite_float, default=0.5,
                    help="keep detections scoring at least this (default: 0.5)")
-    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier predict in --out")
+    p.add_argument("--overwrite", action="store_true", help="move the files of an earlier predict in --out aside "
+                                                            "(<name>.previous-<time>) and write anew")
 
 
 def _run_predict(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from ..data.images import image_paths, read_image
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
+from ..engine.outputs import check_not_an_input, move_aside
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
 from .visualize import draw_detections
@@ -28,12 +29,18 @@ def _drawn_path(out: Path, index: int, image: Path) -> Path:
 
 
 def _check_out(out: Path, files: Sequence[Path], overwrite: bool) -> None:
-    """Before the work: ``out`` is a writable folder, and holds none of the files predict writes unless ``overwrite``."""
+    """Before the work: ``out`` is a writable folder, and holds none of the files predict writes unless
+    ``overwrite`` (then they are moved aside, never deleted); no output replaces an input image."""
     check_writable_folder(out, "--out")
-    taken = [p for p in (out / DETECTIONS_FILE, *(_drawn_path(out, i, f) for i, f in enumerate(files))) if p.exists()]
+    outputs = [out / DETECTIONS_FILE, *(_drawn_path(out, i, f) for i, f in enumerate(files))]
+    for output in outputs:
+        check_not_an_input(output, files)
+    taken = [p for p in outputs if p.exists()]
     if taken and not overwrite:
         raise ConfigError(f"--out {out} already holds {taken[0].name}{f' and {len(taken) - 1} more' if len(taken) > 1 else ''}"
-                          f" of the files predict writes; pass --overwrite to replace them, or another --out")
+                          f" of the files predict writes; pass --overwrite to move them aside, or another --out")
+    for path in taken:
+        move_aside(path)
 
 
 @torch.no_grad()

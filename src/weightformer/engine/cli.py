@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import traceback
 import typing
@@ -22,11 +23,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .config import config_fields, parse_model_kwargs
-from .errors import USER_ERRORS, TrainingDivergedError
+from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 
 __all__ = [
     "BUG_REPORT", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments", "build_parser",
-    "exit_code", "json_path_argument", "main", "one_line", "print_and_write_results", "run_reporting_errors",
+    "exit_code", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results", "run_reporting_errors",
     "train_overrides",
 ]
 
@@ -34,6 +35,27 @@ SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem with your input; please report it "
               "on the weightformer issue tracker with the command you ran and the traceback above")
 _NOT_SETTINGS = ("command", "config_file", "model_kwargs", "model_arg", "set")
+
+
+# -------------------------------------------------------------------------------------------------
+# Parsing: one line for a bad flag, finite numbers only
+# -------------------------------------------------------------------------------------------------
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as one ``error:`` line naming the command (not the usage block)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a float that is a number (``nan`` and ``inf`` are refused, as every setting's are)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 # -------------------------------------------------------------------------------------------------
@@ -89,11 +111,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
             parser.add_argument(flag, dest=name, action=action, default=S, help=text)
         elif typing.get_origin(base) is tuple:
             nargs = "+" if typing.get_args(base)[-1] is Ellipsis else len(typing.get_args(base))
-            parser.add_argument(flag, dest=name, type=float, nargs=nargs, default=S, help=text,
+            parser.add_argument(flag, dest=name, type=finite_float, nargs=nargs, default=S, help=text,
                                 metavar=meta.get("metavar"))
         else:
-            parser.add_argument(flag, dest=name, type=base, default=S, help=text, choices=meta.get("choices"),
-                                metavar=meta.get("metavar"))
+            parser.add_argument(flag, dest=name, type=finite_float if base is float else base, default=S, help=text,
+                                choices=meta.get("choices"), metavar=meta.get("metavar"))
     parser.add_argument("--model-kwargs", "--model-arg", dest="model_kwargs", nargs="+", action="extend",
                         metavar="KEY=VALUE", default=[],
                         help="keyword arguments of the model builder, e.g. patch_size=4 drop_path_rate=0.1 "
@@ -150,26 +172,41 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, command: str, requ
 
 def add_json_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH (checked before the work)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
 
 
 def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
-    """``--json PATH``, checked before the work (not after it), or None."""
+    """``--json PATH``, checked before the work (not after it), or None. It may not be one of the
+    command's inputs (any other argument naming that file), nor an existing file unless ``--overwrite``."""
     from .run_dir import check_writable_file
 
     if not getattr(args, "json", None):
         return None
     path = Path(args.json)
     check_writable_file(path, "--json")
+    if path.exists():
+        target = path.resolve()
+        for name, value in vars(args).items():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if name != "json" and any(isinstance(v, str) and Path(v).exists() and Path(v).resolve() == target
+                                      for v in values):
+                raise ConfigError(f"--json {path} is the command's --{name.replace('_', '-')} input; write the "
+                                  f"results to another file")
+        if not getattr(args, "overwrite", False):
+            raise ConfigError(f"--json {path} already exists; pass --overwrite to replace it, or another --json path")
     return path
 
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
     """Print ``result`` as a JSON line, then write it to ``json_path`` (checked before the work);
     a write that fails after all costs only the file, never the printed numbers. Returns the exit code."""
+    from .outputs import output_file
+
     print(json.dumps(result), flush=True)
     if json_path is not None:
         try:
-            json_path.write_text(json.dumps(result, indent=2) + "\n")
+            with output_file(json_path, overwrite=True) as tmp:  # checked before the work; written atomically
+                tmp.write_text(json.dumps(result, indent=2) + "\n")
         except OSError as exc:
             print(f"error: the results above could not be written to --json {json_path} ({exc.strerror or exc})",
                   file=sys.stderr)
@@ -243,9 +280,9 @@ def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.Argum
 
 def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentParser:
     """``weightformer <task>``'s parser: ``train`` and the task's commands."""
-    parser = argparse.ArgumentParser(prog=prog or task.command(), description=task.description or None)
+    parser = OneLineParser(prog=prog or task.command(), description=task.description or None)
     commands = list(task.commands())
-    sub = parser.add_subparsers(dest="command", required=True,
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
                                 metavar="{" + ",".join(["train", *(c.name for c in commands)]) + "}")
     add_train_parser(sub, task)
     for command in commands:
@@ -256,7 +293,12 @@ def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentPars
 
 def main(task: Any, argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     """Entry point of ``weightformer <task>``; returns the exit code."""
-    args = build_parser(task, prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = build_parser(task, prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # a bad flag: its one line is printed; --help (code 0) exits as argparse does
+        if exc.code in (0, None):
+            raise
+        return int(exc.code) if isinstance(exc.code, int) else 2
     name = args.command
     del args.command
     if name == "train":

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from timm.optim import get_optimizer_class, list_optimizers
 from .errors import ConfigError
 
 __all__ = [
-    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "check_layer", "config_fields", "load_config_file", "parse_model_kwargs", "resolve_config",
+    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "check_layer", "config_fields", "load_yaml", "load_config_file", "parse_model_kwargs", "resolve_config",
     "scaled_learning_rates", "setting", "validate_config",
 ]
 
@@ -238,6 +239,27 @@ def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], sour
     return {k: _check_value(config_class, k, v) for k, v in values.items()}
 
 
+class _SettingsLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` (no dot, unsigned exponent allowed) is a
+    number, as users write it, not the string YAML 1.1 makes of it."""
+
+
+_SettingsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+                    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+# The resolver above would also claim plain integers; YAML's own int resolver, registered first, keeps them.
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as Python values (safe: plain data only), with YAML 1.2's floats (see :class:`_SettingsLoader`)."""
+    return yaml.load(text, Loader=_SettingsLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def _yaml_reason(exc: yaml.YAMLError) -> str:
     """One line saying what is wrong with some YAML, and where."""
     problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
@@ -258,7 +280,7 @@ def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]]
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not a text file (not UTF-8); pass a YAML file of settings") from exc
     try:
-        values = yaml.safe_load(text) or {}
+        values = load_yaml(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML ({_yaml_reason(exc)})") from exc
     if not isinstance(values, dict):
@@ -284,7 +306,7 @@ def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[s
         if not sep or not key.strip():
             raise ConfigError(f"{flag} {item!r} is not KEY=VALUE; write e.g. {example}")
         try:
-            kwargs[key.strip()] = yaml.safe_load(raw)
+            kwargs[key.strip()] = load_yaml(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(
                 f"{flag} {item!r}: the value is not valid YAML ({_yaml_reason(exc)}); write e.g. {example}"

@@ -15,7 +15,7 @@ from ..engine.cli import run_reporting_errors
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
 from ..engine.weights import load_model
-from ..engine.outputs import check_output
+from ..engine.outputs import check_not_an_input, check_output
 from .hub import push_to_hub, to_hf
 from .onnx import to_onnx
 from .pt2 import to_pt2
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ema", action="store_true", help="export the checkpoint's EMA weights")
     p.add_argument("--format", required=True, choices=["hf", "onnx", "pt2"], help="what to write")
     p.add_argument("--out", required=True, help="output folder (hf) or file (onnx, pt2)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (the old one is moved aside to "
+                                                            "<out>.previous-<time>, never deleted)")
     p.add_argument("--img-size", type=int, help="side of the example traced for onnx/pt2 (default: the "
                                                 "checkpoint's training size, else the model's pretrained size)")
     p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
@@ -63,6 +64,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--aoti builds a .pt2 package; use it with --format pt2")
     if args.img_size is not None and args.img_size < 1:
         raise ConfigError(f"--img-size must be a positive number of pixels, got {args.img_size}")
+    check_not_an_input(Path(args.out), [args.checkpoint])
     check_output(Path(args.out), args.overwrite, folder=args.format == "hf")  # before the work
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..engine.cli import add_json_argument, json_path_argument, print_and_write_results
+from ..engine.cli import add_json_argument, finite_float, json_path_argument, print_and_write_results
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
 from ..engine.run_dir import check_writable_folder
@@ -27,7 +27,7 @@ def _add_sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (must not hold samples.npz unless --overwrite)")
     p.add_argument("--num-per-class", type=int, default=8, help="samples per class (default: %(default)s)")
     p.add_argument("--classes", type=int, nargs="+", metavar="K", help="class labels to draw (default: all)")
-    p.add_argument("--cfg-scale", type=float, default=4.0, help=GUIDANCE_HELP)
+    p.add_argument("--cfg-scale", type=finite_float, default=4.0, help=GUIDANCE_HELP)
     p.add_argument("--guidance", choices=GUIDANCE_MODES, default="release",
                    help="release: guide the first 3 output channels as DiT and the authors do; standard: guide "
                         "all noise channels (default: %(default)s; see docs/generation.md)")

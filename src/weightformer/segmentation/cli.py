@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.cli import add_checkpoint_arguments, add_json_argument, json_path_argument, print_and_write_results
+from ..engine.cli import (
+    add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument, print_and_write_results,
+)
 from ..engine.device import AMP_MODES
 from ..engine.task import Command
 from .inference import INFERENCE_MODES
@@ -52,15 +54,18 @@ def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGES", help="image files or folders of them")
     _add_model_arguments(p)
     p.add_argument("--out", required=True, help="folder for the predictions (made if needed)")
-    p.add_argument("--alpha", type=float, default=0.5,
+    p.add_argument("--alpha", type=finite_float, default=0.5,
                    help="opacity of the class colours in the overlays (default: 0.5)")
+    p.add_argument("--overwrite", action="store_true", help="move the files of an earlier predict in --out aside "
+                                                            "(<name>.previous-<time>) and write anew")
 
 
 def _run_predict(args: argparse.Namespace) -> int:
     from .predict import predict
 
     written = predict(args.checkpoint, args.images, args.out, use_ema=args.ema, inference=args.inference,
-                      crop=args.crop, stride=args.stride, alpha=args.alpha, device=args.device)
+                      crop=args.crop, stride=args.stride, alpha=args.alpha, device=args.device,
+                      overwrite=args.overwrite)
     for image, label_path, overlay_path in written:
         print(f"{image} -> {label_path}, {overlay_path}")
     print(f"wrote {len(written)} prediction(s) to {args.out}", flush=True)

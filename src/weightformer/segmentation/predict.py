@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ..data.errors import DataError
 from ..data.images import image_paths, read_image
 from ..engine.errors import ConfigError
+from ..engine.outputs import check_not_an_input, move_aside
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
 from .evaluation import eval_transform, load_segmenter
@@ -93,16 +94,29 @@ def predict(
     stride: Optional[int] = None,
     alpha: float = 0.5,
     device: str = "auto",
+    overwrite: bool = False,
 ) -> list[tuple[Path, Path, Path]]:
     """Predict ``images`` (files, or folders of them) with the model of ``checkpoint`` (a ``last.pt`` or
     ``best.pt`` of ``weightformer seg train``) and write, for each, ``<out>/<name>.png`` (the class map)
     and ``<out>/<name>_overlay.png`` (its colours at opacity ``alpha`` over the image). ``inference``,
-    ``crop`` and ``stride`` default to the run's own. Returns (image, class map, overlay) per image."""
+    ``crop`` and ``stride`` default to the run's own. Files already there are refused before the work,
+    or with ``overwrite`` moved aside (``<name>.previous-<time>``); an output never replaces an input
+    image. Returns (image, class map, overlay) per image."""
     if not 0 <= alpha <= 1:
         raise ConfigError(f"--alpha must be in [0, 1], got {alpha}")
     out = Path(out)
     check_writable_folder(out, "--out")
     files = image_files(images)
+    outputs = [out / f"{path.stem}{end}" for path in files for end in (".png", "_overlay.png")]
+    for output in outputs:
+        check_not_an_input(output, files)
+    taken = [p for p in outputs if p.exists()]
+    if taken and not overwrite:
+        raise ConfigError(f"--out {out} already holds {taken[0].name}"
+                          f"{f' and {len(taken) - 1} more' if len(taken) > 1 else ''} of the files predict writes; "
+                          f"pass --overwrite to move them aside, or another --out")
+    for path in taken:
+        move_aside(path)
     loaded, settings = load_segmenter(checkpoint, use_ema, device, inference, crop, stride)
     meta, target = loaded.meta, next(loaded.model.parameters()).device
     transform = eval_transform(meta["img_size"])
