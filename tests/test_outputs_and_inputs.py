@@ -158,3 +158,56 @@ def test_gen_sample_keeps_earlier_samples_unless_overwrite(tmp_path: Path, capsy
     assert main(sample) == 2
     assert "--overwrite" in _one_error_line(capsys)
     assert (out / "samples.npz").read_bytes() == before
+
+
+# -------------------------------------------------------------------------------------------------
+# Accepted, then silently wrong
+# -------------------------------------------------------------------------------------------------
+def test_gen_train_refuses_an_image_size_it_would_not_train_at(tmp_path: Path, capsys):
+    assert main(["gen", "train", "--img-size", "7", "--max-steps", "1", "--output", str(tmp_path / "g")]) == 2
+    assert "--img-size 7 is smaller than mnist's 28 px images" in _one_error_line(capsys)
+    assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"hello", "not a NumPy .npz archive"),
+    ("floats", "its images are float64"),
+    ("object", "not a NumPy .npz archive"),
+])
+def test_gen_eval_refuses_what_is_not_a_samples_file(content, message, tmp_path: Path, capsys):
+    path = tmp_path / "samples.npz"
+    if content == "floats":
+        np.savez(path, images=np.random.rand(4, 28, 28, 1), labels=np.arange(4))
+    elif content == "object":
+        np.savez(path, images=np.array([{"a": 1}], dtype=object), labels=np.arange(1))
+    else:
+        path.write_bytes(content)
+    assert main(["gen", "eval", str(path)]) == 2
+    line = _one_error_line(capsys)
+    assert message in line and "allow_pickle" not in line
+
+
+def test_a_run_that_never_started_leaves_no_empty_folder(tmp_path: Path, capsys):
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "val").mkdir()
+    for command in (["train"], ["det", "train"], ["seg", "train"]):
+        output = tmp_path / f"run_{len(command)}_{command[0]}"
+        assert main([*command, "--data", str(data), "--output", str(output)]) == 2
+        _one_error_line(capsys)
+        assert not output.exists()
+
+
+def test_a_signal_stops_an_ablation_with_its_own_exit_code(tmp_path: Path, monkeypatch, capsys):
+    from weightformer.analysis import ablate
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"name: g\noutput: {tmp_path / 'out'}\nseeds: [0]\nrecipe: {{epochs: 1}}\n"
+                    "variants:\n  a: {}\n")
+
+    class Stopped:
+        stopped_by = "SIGTERM"
+
+    monkeypatch.setattr("weightformer.engine.train", lambda *args, **kwargs: Stopped())
+    assert ablate.main([str(grid)]) == 143
+    assert "stopped by SIGTERM" in capsys.readouterr().err

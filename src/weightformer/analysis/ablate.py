@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,14 @@ def _last_and_best(metrics_path: Path) -> tuple[float, float, int]:
     return top1[-1], max(top1), len(top1)
 
 
+class GridStopped(Exception):
+    """A signal stopped a run of the grid (its last.pt is saved): the grid stops too, with the signal's exit code."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
 def train_one(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]:
     """Train (or resume) one run and record its result.json; returns the result."""
     from ..engine import train
@@ -129,7 +138,7 @@ def train_one(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]
     start = time.perf_counter()
     result = train(settings, task="classification")
     if result.stopped_by is not None:
-        raise KeyboardInterrupt  # the run saved last.pt; the next `weightformer ablate` resumes it
+        raise GridStopped(result.stopped_by)  # the run saved last.pt; the next `weightformer ablate` resumes it
     last, best, epochs = _last_and_best(folder / "metrics.jsonl")
     record = {"variant": variant, "seed": seed, "top1_last": last, "top1_best": best, "epochs": epochs,
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings}
@@ -268,7 +277,7 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None) -> l
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``weightformer ablate CONFIG.yaml [--only V ...] [--output DIR]``."""
-    from ..engine.cli import run_reporting_errors
+    from ..engine.cli import SIGNAL_EXIT_CODES, run_reporting_errors
 
     parser = argparse.ArgumentParser(
         prog="weightformer ablate",
@@ -288,7 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if any(seed < 0 for seed in args.seeds):
                 raise ConfigError(f"--seeds must be non-negative integers, got {args.seeds}")
             config.seeds = list(args.seeds)
-        rows = run_ablation(config, only=args.only)
+        try:
+            rows = run_ablation(config, only=args.only)
+        except GridStopped as stop:
+            print(f"stopped by {stop.signal_name}; run the same command again to resume the grid", file=sys.stderr)
+            return SIGNAL_EXIT_CODES.get(stop.signal_name, 130)
         print(format_table(rows))
         print(f"table: {config.output / 'table.md'}, plot: {config.output / 'table.png'}")
         return 0

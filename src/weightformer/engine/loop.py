@@ -285,17 +285,22 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
     # A run that found no checkpoint under --resume auto may start over the files of one that never saved.
     overwrite = cfg.overwrite or (cfg.resume == "auto" and ckpt is None)
+    made_folder = not output.exists()
     check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
     _setup_determinism(cfg, dist_info)
-
-    data = build_data(cfg, task, dist_info)
-    training = build_training(cfg, task, data, dist_info)
-    if ckpt is not None:
-        state = restore(ckpt, str(resume_from), task, training, data, dist_info)
-    else:
-        state = RunState()
-        if cfg.init is not None:
-            init_from_weights(task, training, cfg.init, dist_info)
+    try:
+        data = build_data(cfg, task, dist_info)
+        training = build_training(cfg, task, data, dist_info)
+        if ckpt is not None:
+            state = restore(ckpt, str(resume_from), task, training, data, dist_info)
+        else:
+            state = RunState()
+            if cfg.init is not None:
+                init_from_weights(task, training, cfg.init, dist_info)
+    except BaseException:  # a run that never started leaves no empty folder behind
+        if made_folder and dist_info.is_main and output.is_dir() and not any(output.iterdir()):
+            output.rmdir()
+        raise
     if cfg.compile:
         training.train_model = torch.compile(training.train_model, dynamic=True)
     if dist_info.distributed:

@@ -15,6 +15,7 @@ from torchvision.transforms import functional as TF
 
 from ..data import open_dataset
 from ..data.builtin import BUILTIN_DATASETS
+from ..engine.errors import ConfigError
 
 __all__ = ["DiffusionImages", "ImageGeometry", "image_geometry", "open_images", "to_model_space", "to_uint8"]
 
@@ -35,6 +36,9 @@ def image_geometry(data: str, img_size: int | None) -> ImageGeometry:
     """MNIST: its 28 px padded to ``img_size`` if that is larger (to 32 if None); folders: ``img_size`` (default 256), RGB."""
     spec = BUILTIN_DATASETS.get(data)
     if spec is not None:
+        if img_size is not None and img_size < spec.img_size:
+            raise ConfigError(f"--img-size {img_size} is smaller than {data}'s {spec.img_size} px images, which are "
+                              f"padded, never cropped or shrunk; pass --img-size {spec.img_size} or more")
         size = max(img_size or MNIST_PADDED, spec.img_size)
         return ImageGeometry(size, (size - spec.img_size) // 2, spec.in_chans)
     return ImageGeometry(img_size or 256, 0, 3)

@@ -111,11 +111,21 @@ def read_samples(path: Path) -> tuple[np.ndarray, np.ndarray]:
     path = path / "samples.npz" if path.is_dir() else path
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; pass the samples.npz written by weightformer gen sample")
+    what = f"{path} is not a samples.npz written by weightformer gen sample"
     try:
         with np.load(path, allow_pickle=False) as f:
-            return f["images"], f["labels"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{path} is not a samples.npz with images and labels ({exc})") from None
+            images, labels = f["images"], f["labels"]
+    except KeyError as exc:
+        raise ConfigError(f"{what} (it has no {exc} array; it needs images and labels)") from None
+    except (OSError, ValueError, EOFError):  # not an .npz archive, or one of pickled objects (never unpickled)
+        raise ConfigError(f"{what} (not a NumPy .npz archive of plain arrays)") from None
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ConfigError(f"{what}: its images are {images.dtype} {tuple(images.shape)}, and samples are uint8 "
+                          f"(N, H, W, 1 or 3) in 0..255; convert float images in [0, 1] with (x * 255).round()")
+    if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
+        raise ConfigError(f"{what}: its labels are {labels.dtype} {tuple(labels.shape)}, and samples need one "
+                          f"integer class per image")
+    return images, labels
 
 
 def reference_images(data: str, image_size: int, pad: int, max_images: int | None = None,
