@@ -77,3 +77,15 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     after = torch.load(run / "last.pt", weights_only=True)
     assert after["global_step"] == saved["global_step"] + 1
     assert after["meta"] == saved["meta"]  # the same model, data and classes: nothing from another recipe
+
+
+def test_a_legacy_checkpoint_starts_a_new_run_with_init(tmp_path: Path, capsys):
+    best = LEGACY / "cls" / "best.pt"
+    assert main(["train", "--init", str(best), "--output", str(tmp_path / "cls"), "--max-steps", "1",
+                 "--model-kwargs", "patch_size=4", "embed_dim=16", "depth=2"]) == 0
+    assert f"initialised from the weights in {best}" in capsys.readouterr().out
+    det = LEGACY / "det" / "best.pt"
+    assert main(["det", "train", "--init", str(det), "--output", str(tmp_path / "det"), "--max-steps", "1",
+                 "--img-size", "64", "--batch-size", "2", "--model-kwargs", "embed_dim=16", "depth=2", "conv_dim=16",
+                 "fc_dim=32"]) == 0
+    assert f"initialised from the weights in {det}" in capsys.readouterr().out
