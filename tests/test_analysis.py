@@ -102,7 +102,7 @@ def test_ablation_trains_tabulates_then_skips_finished_runs_and_resumes_unfinish
     (tmp_path / "runs" / "static" / "seed0" / "result.json").unlink()
     calls = []
     real_train = ablate.train_one
-    monkeypatch.setattr(ablate, "train_one", lambda c, v, s: calls.append(v) or real_train(c, v, s))
+    monkeypatch.setattr(ablate, "train_one", lambda c, v, s, **kw: calls.append(v) or real_train(c, v, s, **kw))
     assert main(["ablate", path]) == 0
     assert calls == ["static"]
     log = capsys.readouterr().out
@@ -159,3 +159,174 @@ def test_edge_interaction_is_zero_for_local_models_and_not_for_global_mixing(cap
     assert main(["analyze", "interaction", "--model", "weightformer_tiny:embed_dim=32,depth=2,patch_size=4",
                  "--img-size", "32", "--placements", "1"]) == 0
     assert '"interaction"' in capsys.readouterr().out
+
+
+# --- one line for a user's mistake, before any work -------------------------------------------------
+SMALL = "weightformer_tiny:embed_dim=32,depth=2,patch_size=4"
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("tool", ["erf", "updates"])
+def test_an_image_smaller_than_one_patch_is_one_line_before_any_model_runs(tool, tmp_path, monkeypatch, capsys):
+    """--img-size 7 under a 16 px patch was a ValueError traceback; a bad last model is found before the first
+    one is analysed."""
+    from weightformer.analysis import cli as analysis_cli, dynamics
+
+    ran = []
+
+    def analysed(*args, **kwargs):
+        ran.append(args)
+        raise AssertionError("a model was analysed before every model was checked")
+
+    monkeypatch.setattr(analysis_cli, "erf_map", analysed)
+    monkeypatch.setattr(dynamics, "dynamic_update_stats", analysed)
+    out = ["--output", str(tmp_path / "erf.png")] if tool == "erf" else []
+    assert main(["analyze", tool, "--model", "weightformer_tiny", "--img-size", "7", *out]) == 2
+    assert "weightformer_tiny cannot take 7 px images" in _one_error_line(capsys)
+    assert main(["analyze", tool, "--model", SMALL, "--model", "weightformer_tiny", "--img-size", "8", *out]) == 2
+    assert "cannot take 8 px images" in _one_error_line(capsys) and ran == []
+    assert not (tmp_path / "erf.png").exists()
+
+
+def test_a_checkpoint_smaller_than_its_patch_and_counts_below_one_are_one_line(tmp_path, capsys):
+    path = tmp_path / "best.pt"
+    model = __import__("timm").create_model("weightformer_tiny", num_classes=3, patch_size=4, embed_dim=32, depth=2)
+    torch.save({"model": model.state_dict(), "meta": {
+        "task": "classification", "model": "weightformer_tiny", "model_kwargs": {"patch_size": 4, "embed_dim": 32,
+                                                                                 "depth": 2},
+        "num_classes": 3, "in_chans": 3, "img_size": 32}}, path)
+    assert main(["analyze", "updates", "--model", f"ckpt={path}", "--img-size", "2"]) == 2
+    assert "cannot take 2 px images" in _one_error_line(capsys)
+    assert main(["analyze", "updates", "--model", SMALL, "--img-size", "16", "--num-images", "0"]) == 2
+    assert "--num-images must be at least 1" in _one_error_line(capsys)
+    assert main(["analyze", "interaction", "--model", "weightformer_tiny:patch_size=64"]) == 2  # 48 px default
+    assert "cannot take 48 px images" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("task, model", [("detection", "weightformer_tiny"), ("segmentation", "weightformer_tiny"),
+                                         ("generation", "dit_s")])
+@pytest.mark.parametrize("tool", ["erf", "updates", "interaction"])
+def test_a_checkpoint_of_another_task_is_one_line(task, model, tool, tmp_path, capsys):
+    """A detection or segmentation checkpoint was a KeyError: 'in_chans'; a generation one "an unknown timm
+    model". The one reader (load_model(task="classification")) names the task and its command; given after
+    a good model, it is found before that one is analysed."""
+    path = tmp_path / f"{task}.pt"
+    torch.save({"model": {}, "meta": {"task": task, "model": model, "model_kwargs": {}}}, path)
+    out = ["--output", str(tmp_path / "erf.png")] if tool == "erf" else []
+    size = ["--img-size", "32"]
+    assert main(["analyze", tool, "--model", SMALL, "--model", f"ckpt={path}", *size, *out]) == 2
+    err = _one_error_line(capsys)
+    assert f"is a {task} checkpoint, not a classification one" in err
+    assert "weightformer " + {"detection": "det", "segmentation": "seg", "generation": "gen"}[task] in err
+    assert not (tmp_path / "erf.png").exists()
+
+
+# --- ablate: nothing accepted and then silently wrong ------------------------------------------------
+def _edit(path: str, variants=None, **recipe) -> None:
+    config = yaml.safe_load(open(path))
+    config["recipe"].update(recipe)
+    config["variants"] = variants or config["variants"]
+    open(path, "w").write(yaml.safe_dump(config))
+
+
+def test_a_finished_run_of_an_edited_variant_is_refused_then_rerun_when_asked(tmp_path, capsys):
+    """Editing a variant reused its finished runs and tabulated the old numbers under the new definition."""
+    path = _grid(tmp_path)
+    assert main(["ablate", path]) == 0
+    params = {r["variant"]: r["params"] for r in json.loads((tmp_path / "runs" / "table.json").read_text())["rows"]}
+    record = json.loads((tmp_path / "runs" / "static" / "seed0" / "result.json").read_text())
+    assert record["config"]["model_kwargs"]["dynamic_period"] == 0 and record["config"]["lr"] > 0  # resolved
+    legacy = tmp_path / "runs" / "released" / "seed0" / "result.json"  # a result.json from before it held them
+    legacy.write_text(json.dumps({k: v for k, v in json.loads(legacy.read_text()).items() if k != "config"}))
+    capsys.readouterr()
+    table = (tmp_path / "runs" / "table.json").read_text()
+
+    _edit(path, {"released": {}, "static": {"model_kwargs": {"dynamic_period": 1}}})
+    assert main(["ablate", path]) == 2
+    err = _one_error_line(capsys)
+    assert f"the finished run {tmp_path / 'runs' / 'static' / 'seed0'} was trained with other settings" in err
+    assert "model_kwargs.dynamic_period 0 -> 1" in err and "--rerun-changed" in err
+    assert (tmp_path / "runs" / "table.json").read_text() == table  # nothing retabulated
+
+    assert main(["ablate", path, "--rerun-changed"]) == 0
+    out = capsys.readouterr().out
+    assert "train static seed 0 again: its settings changed (model_kwargs.dynamic_period 0 -> 1)" in out
+    assert "skip released seed 0: finished" in out
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "runs" / "table.json").read_text())["rows"]}
+    assert rows["static"]["params"] > params["released"] > params["static"]  # period 1: every block dynamic
+    folder = tmp_path / "runs" / "static" / "seed0"
+    assert json.loads((folder / "result.json").read_text())["config"]["model_kwargs"]["dynamic_period"] == 1
+    kept = list(folder.glob("previous-*/last.pt")) + list(folder.glob("result.json.previous-*"))
+    assert len(kept) == 2  # the old run moved aside, never deleted
+
+    _edit(path, workers=1, log_interval=7)  # how a run is carried out, not what it computes
+    assert main(["ablate", path]) == 0 and "skip static seed 0: finished" in capsys.readouterr().out
+    _edit(path, lr=1e-3)  # a setting of every variant, in e-notation
+    assert main(["ablate", path]) == 2
+    assert "lr " in _one_error_line(capsys)
+
+
+def test_an_interrupted_run_of_an_edited_variant_is_not_resumed_under_the_new_settings(tmp_path, capsys):
+    path = _grid(tmp_path, {"static": {"model_kwargs": {"dynamic_period": 0}}})
+    assert main(["ablate", path]) == 0
+    (tmp_path / "runs" / "static" / "seed0" / "result.json").unlink()  # as if stopped before it finished
+    capsys.readouterr()
+    _edit(path, epochs=2)
+    assert main(["ablate", path]) == 2
+    assert "the interrupted run" in (err := _one_error_line(capsys)) and "epochs 1 -> 2" in err
+    _edit(path, epochs=1, max_steps=50)  # a step limit leaves the schedule as it is: resume
+    assert main(["ablate", path]) == 0 and "resumed from" in capsys.readouterr().out
+
+
+def test_a_key_given_twice_in_the_grid_is_one_line(tmp_path, capsys):
+    """Two variants of one name became one, silently (YAML keeps the last duplicate key)."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("output: runs\nvariants:\n  a: {model_kwargs: {embed_dim: 32}}\n  b: {}\n  a: {epochs: 2}\n")
+    assert main(["ablate", str(grid)]) == 2
+    assert "the key 'a' is given twice, at lines 3 and 5" in _one_error_line(capsys)
+    grid.write_text("variants:\n  a: {model_kwargs: {depth: 2, depth: 3}}\n")
+    assert main(["ablate", str(grid)]) == 2
+    assert "the key 'depth' is given twice, at line 2, columns" in _one_error_line(capsys)
+    # merge keys still override as YAML says, and numbers read as in every settings file (1e-3 is a float)
+    assert ablate.load_grid_yaml("x: &b {epochs: 1, lr: 1e-3}\ny: {<<: *b, epochs: 2}\n")["y"] == {"epochs": 2, "lr": 0.001}
+    assert main(["ablate", _grid(tmp_path), "--seeds", "0", "0"]) == 2
+    assert "seed(s) 0 twice" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("variant, message", [
+    ({"model_kwargs": {"no_such_kwarg": 3}}, "does not take the model arguments"),
+    ({"model_kwargs": {"patch_size": 64}}, "cannot take 32 px images"),
+    ({"model": "deit_tiny_patch16_224", "model_kwargs": {"num_heads": 5}}, "dim should be divisible by num_heads"),
+    ({"model": "no_such_model"}, "no_such_model"),
+])
+def test_every_variant_model_is_built_before_the_first_run(variant, message, tmp_path, monkeypatch, capsys):
+    """A bad model kwarg of a later variant was found only after the earlier variants trained."""
+    trained = []
+    monkeypatch.setattr(ablate, "train_one", lambda *a, **k: trained.append(a))
+    assert main(["ablate", _grid(tmp_path, {"good": {}, "bad": variant})]) == 2
+    err = _one_error_line(capsys)
+    assert message in err and "variant 'bad'" in err
+    assert trained == [] and not (tmp_path / "runs" / "good").exists()
+
+
+def test_the_variant_check_builds_on_the_meta_device(tmp_path, monkeypatch):
+    """The check allocates no weights: a WeightFormer-B at 448 px costs it nothing."""
+    from weightformer.classification import model as classification_model
+
+    devices = []
+    real = classification_model.build_classifier
+
+    def spy(meta, pretrained=False):
+        built = real(meta, pretrained)
+        devices.append(next(built.parameters()).device.type)
+        return built
+
+    monkeypatch.setattr(classification_model, "build_classifier", spy)
+    ablate.check_variant_model("base", {"data": "mnist", "model": "weightformer_base", "img_size": 448,
+                                        "output": str(tmp_path)})
+    assert devices == ["meta"]

@@ -51,7 +51,8 @@ def _bench_error(capsys, *argv: str) -> str:
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["--device", "foo"], "choose from cpu, cuda, cuda:N"),
+        (["--device", "foo"], "--device must be auto, cuda, cuda:N or cpu, got 'foo'"),
+        (["--device", "cuda:x"], "--device must be auto, cuda, cuda:N or cpu"),
         (["--resolutions", "0"], "multiple of 16"),
         (["--resolutions", "-224"], "multiple of 16"),
         (["--resolutions", "230"], "multiple of 16"),
@@ -106,7 +107,7 @@ def test_bad_setting_exits_2_from_the_real_command(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith("error: argument --device: unknown device 'foo'")
+    assert proc.stderr.startswith("error: --device must be auto, cuda, cuda:N or cpu, got 'foo'")
     assert len(proc.stderr.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
 
@@ -222,3 +223,202 @@ def test_gpu_script_without_cuda_is_an_error_on_stderr(capsys):
     assert _script("gpu").main([]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: benchmarks/gpu.py needs a CUDA GPU")
+
+
+# -------------------------------------------------------------------------------------------------
+# One rule for the three bench commands (the sweep, `bench dense`, `bench dit`): an --out that holds a
+# command's results is refused unasked and before the work, --overwrite moves them aside (never deletes);
+# every number flag is finite and in range; --device cuda without a GPU is one line.
+# -------------------------------------------------------------------------------------------------
+from weightformer.bench import dense, dit  # noqa: E402
+from weightformer.bench.machine import machine_info  # noqa: E402
+
+# command -> (argv before the flags, the files it writes, its default folder under benchmarks/results, tiny flags)
+BENCH = {
+    "sweep": ([], ("results.json", "results.csv", "results.md", "scaling.png", "points.jsonl"), "cpu",
+              ["--models", "wf-t", "--resolutions", "32", "--device", "cpu"]),
+    "dense": (["dense"], ("results.json", "results.md"), "cpu/dense",
+              ["--models", "wf-t", "--sizes", "32", "--modes", "infer", "--no-memory", "--device", "cpu"]),
+    "dit": (["dit"], ("dit.json", "dit.md"), "cpu/dit",
+            ["--models", "wf_dit_s_8", "dit_s_8", "--sides", "8", "--repeats", "1", "--no-memory", "--device", "cpu"]),
+}
+
+
+def _no_work(monkeypatch, command: str) -> None:
+    """Fail the test if the command's measurements start."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"bench {command} started measuring although it should have refused")
+
+    target = {"sweep": (Sweep, "run"), "dense": (dense, "run"), "dit": (dit, "benchmark")}[command]
+    monkeypatch.setattr(*target, refuse)
+
+
+def _fake_work(monkeypatch, command: str) -> None:
+    """Replace the command's measurements with an instant, empty (or one-row) result."""
+    if command == "sweep":
+        monkeypatch.setattr(Sweep, "run", lambda self: _fake_result(self.config))
+    elif command == "dense":
+        monkeypatch.setattr(dense, "run", lambda config, log=print: {
+            "machine": machine_info("cpu"), "settings": {"modes": list(config.modes), "sizes": []}, "rows": [],
+            "elapsed_s": 0.0})
+    else:
+        def benchmark(*args, on_side=None, **kwargs):
+            on_side([])
+            return []
+
+        monkeypatch.setattr(dit, "benchmark", benchmark)
+
+
+def _bench(command: str, *argv: str) -> list:
+    """The arguments after ``weightformer bench`` of a tiny run of ``command``."""
+    prefix, _, _, tiny = BENCH[command]
+    return [*prefix, *tiny, *argv]
+
+
+@pytest.mark.parametrize("held", ["all", "one"])
+@pytest.mark.parametrize("command", list(BENCH))
+def test_the_default_out_holding_earlier_results_is_refused_before_the_work(command, held, tmp_path, monkeypatch,
+                                                                            capsys):
+    """Issue 18, lost files: `bench dense` and `bench dit` replaced the committed results folder (their
+    default --out); the sweep too, and it dropped an earlier points.jsonl without --resume."""
+    _, names, default, _ = BENCH[command]
+    monkeypatch.chdir(tmp_path)
+    _no_work(monkeypatch, command)
+    folder = tmp_path / "benchmarks" / "results" / default
+    folder.mkdir(parents=True)
+    for name in names if held == "all" else names[-1:]:
+        (folder / name).write_text(f"earlier {name}")
+    before = sorted(p.name for p in folder.iterdir())
+    err = _bench_error(capsys, *_bench(command))  # no --out: the default folder
+    assert "already holds" in err and "--overwrite" in err and str(Path("benchmarks/results") / default) in err
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing moved, nothing written
+    assert all((folder / n).read_text() == f"earlier {n}" for n in before)
+
+
+@pytest.mark.parametrize("command", list(BENCH))
+def test_overwrite_moves_earlier_results_aside_and_touches_nothing_else(command, tmp_path, monkeypatch, capsys):
+    _, names, _, _ = BENCH[command]
+    out = tmp_path / "out"
+    (out / "other-suite").mkdir(parents=True)
+    (out / "other-suite" / "results.json").write_text("another suite's")
+    (out / "profile.txt").write_text("a profile")
+    for name in names:
+        (out / name).write_text(f"earlier {name}")
+    _fake_work(monkeypatch, command)
+    assert main(["bench", *_bench(command, "--out", str(out), "--overwrite")]) == 0
+    assert "moved aside" in capsys.readouterr().out
+    for name in names:
+        aside = list(out.glob(f"{name}.previous-*"))
+        assert len(aside) == 1 and aside[0].read_text() == f"earlier {name}", name  # kept, never deleted
+    written = [n for n in names if n != "points.jsonl"]  # the fake sweep writes no journal
+    assert all((out / n).exists() and (out / n).read_bytes() != f"earlier {n}".encode() for n in written)
+    assert (out / "other-suite" / "results.json").read_text() == "another suite's"
+    assert (out / "profile.txt").read_text() == "a profile"
+
+
+@pytest.mark.parametrize("command", list(BENCH))
+def test_an_out_holding_none_of_the_commands_files_is_used_as_it_is(command, tmp_path, monkeypatch):
+    _, names, _, _ = BENCH[command]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    _fake_work(monkeypatch, command)
+    assert main(["bench", *_bench(command, "--out", str(out))]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and not list(out.glob("*.previous-*"))
+
+
+@pytest.mark.parametrize("where", ["proc", "file", "below-a-file", "output-is-a-folder"])
+@pytest.mark.parametrize("command", list(BENCH))
+def test_an_unusable_out_is_one_line_before_the_work(command, where, tmp_path, monkeypatch, capsys):
+    """Issue 18, tracebacks: `bench dit --out /proc/x` was checked only after the work (and then a traceback)."""
+    _, names, _, _ = BENCH[command]
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    out = {"proc": Path("/proc/weightformer-bench-out"), "file": a_file, "below-a-file": a_file / "sub",
+           "output-is-a-folder": tmp_path / "out"}[where]
+    if where == "output-is-a-folder":
+        (out / names[0]).mkdir(parents=True)
+    _no_work(monkeypatch, command)
+    assert f"--out {out}" in _bench_error(capsys, *_bench(command, "--out", str(out)))
+
+
+@pytest.mark.parametrize("command, flag, value", [
+    ("dit", "--max-seconds", "nan"), ("dit", "--max-seconds", "inf"), ("dit", "--max-seconds", "-inf"),
+    ("dit", "--max-seconds", "0"), ("dit", "--max-seconds", "-1"), ("dit", "--max-seconds", "x"),
+    ("dit", "--sides", "0"), ("dit", "--sides", "-8"), ("dit", "--sides", "nan"), ("dit", "--sides", "8.5"),
+    ("dit", "--batch", "0"), ("dit", "--batch", "inf"), ("dit", "--repeats", "0"), ("dit", "--repeats", "nan"),
+    ("dense", "--max-call-seconds", "nan"), ("dense", "--max-call-seconds", "inf"),
+    ("dense", "--max-call-seconds", "0"),
+    ("dense", "--repetitions", "0"), ("dense", "--repetitions", "inf"), ("dense", "--repetitions", "1.5"),
+    ("sweep", "--min-rep-seconds", "nan"), ("sweep", "--min-rep-seconds", "inf"), ("sweep", "--repetitions", "inf"),
+    ("sweep", "--threads", "nan"), ("sweep", "--max-call-seconds", "-inf"),
+])
+def test_every_number_flag_refuses_non_finite_and_out_of_range_values(command, flag, value, tmp_path, monkeypatch,
+                                                                       capsys):
+    """Issue 18, settings: `bench dit --max-seconds nan` was accepted, then every point was cut off."""
+    _no_work(monkeypatch, command)
+    err = _bench_error(capsys, *_bench(command, f"{flag}={value}", "--out", str(tmp_path / "out")))  # = for -inf
+    assert flag in err and value in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "wf_dit_s_8", "wf_dit_s_8"], "names wf_dit_s_8 twice"),
+    (["--models", "wf_dit_s_8", "dit_s_8", "--sides", "12"], "multiples of the models' patch sizes (8), got [12]"),
+])
+def test_dit_settings_that_cannot_be_compared_are_one_line(argv, message, tmp_path, monkeypatch, capsys):
+    _no_work(monkeypatch, "dit")
+    err = _bench_error(capsys, "dit", *argv, "--out", str(tmp_path / "out"))
+    assert message in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+@pytest.mark.parametrize("command", list(BENCH))
+def test_cuda_without_a_gpu_is_one_line_in_every_bench_command(command, device, tmp_path, monkeypatch, capsys):
+    """Issue 18, tracebacks: `bench dit --device cuda` without a GPU (`bench dense` said it in one line)."""
+    _no_work(monkeypatch, command)
+    err = _bench_error(capsys, *_bench(command, "--device", device, "--out", str(tmp_path / "out")))
+    assert err.startswith(f"error: --device {device}: no CUDA GPU is visible here")
+    assert not (tmp_path / "out").exists()  # the device is checked before the output folder is made
+
+
+def test_auto_device_is_recorded_as_the_device_it_picked():
+    from weightformer.bench.options import check_device
+
+    assert check_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert SweepConfig(models=["wf-t"], resolutions=[224], device="auto").device == check_device("auto")
+    assert dense.DenseBenchConfig(device="auto").device == check_device("auto")
+    with pytest.raises(ValueError, match="max_call_seconds"):
+        dense.DenseBenchConfig(max_call_seconds=float("nan"))
+
+
+def test_resume_needs_the_journal_it_continues(tmp_path, monkeypatch, capsys):
+    """--resume continues points.jsonl in place; without one there the earlier results are not its to
+    replace; --resume with --overwrite is a contradiction."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("earlier")
+    _no_work(monkeypatch, "sweep")
+    err = _bench_error(capsys, *_bench("sweep", "--out", str(out), "--resume"))
+    assert "already holds results.json" in err and "no points.jsonl there to resume from" in err
+    err = _bench_error(capsys, *_bench("sweep", "--out", str(out), "--resume", "--overwrite"))
+    assert "pass one of them" in err
+    assert [p.name for p in out.iterdir()] == ["results.json"]
+    (out / "points.jsonl").write_text("a journal\n")  # there: the sweep continues it (the journal checks it)
+    _fake_work(monkeypatch, "sweep")
+    assert main(["bench", *_bench("sweep", "--out", str(out), "--resume")]) == 0
+    assert (out / "points.jsonl").read_text() == "a journal\n" and not list(out.glob("*.previous-*"))
+
+
+@pytest.mark.parametrize("command", ["dense", "dit"])
+def test_a_run_that_fails_before_writing_leaves_no_empty_folder(command, tmp_path, monkeypatch, capsys):
+    def fail(*args, **kwargs):
+        raise RuntimeError("a failure inside the measurements")
+
+    monkeypatch.setattr(*{"dense": (dense, "run"), "dit": (dit, "benchmark")}[command], fail)
+    out = tmp_path / "new" / "folder"
+    assert main(["bench", *_bench(command, "--out", str(out))]) == 1
+    assert "a failure inside the measurements" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -37,8 +37,10 @@ def test_run_writes_rows_for_every_model_and_size(tmp_path: Path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--sizes", "20"], "a size is S or HxW in pixels, at least 32"),
     (["--models", "resnet50"], "unknown model 'resnet50'"),
-    (["--repetitions", "0"], "must be a positive int, got '0'"),
-    (["--device", "tpu"], "is not a device"),
+    (["--repetitions", "0"], "must be a number >= 1, got 0"),
+    (["--models", ","], "no models given"),
+    (["--sizes", ""], "no sizes given"),
+    (["--device", "tpu"], "--device must be auto, cuda, cuda:N or cpu, got 'tpu'"),
 ])
 def test_bad_settings_are_one_error_line(args, message, capsys):
     try:

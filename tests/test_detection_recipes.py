@@ -3,7 +3,10 @@ today's names, any names through flags), ``--resume auto`` alone, and the Python
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +63,44 @@ def test_resume_auto_alone_continues_a_coco_2017_run_with_its_own_settings(coco2
         k: int(v) for k, v in TINY_KWARGS.items()}
     unchanged = {k: v for k, v in saved["config"].items() if k not in ("max_steps", "resume")}
     assert {k: after["config"][k] for k in unchanged} == unchanged
+    assert after["config"]["clip_grad"] == 2.5 and after["config"]["img_size"] == 64
+
+
+def test_the_resume_command_det_train_prints_after_sigterm_continues_a_coco_2017_run(coco2017: Path, tmp_path: Path,
+                                                                                       capsys, monkeypatch):
+    """SIGTERM (what a scheduler sends) stops a run on a COCO-2017 folder after its step; the command it
+    prints, run exactly as printed, continues that run with its own settings (not the shapes job's)."""
+    run = tmp_path / "run"
+    original, steps = DetectionTask.training_loss, []
+
+    def loss_then_sigterm(self, model, batch, device):
+        steps.append(1)
+        if len(steps) == 1:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), "the run handles SIGTERM"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, model, batch, device)
+
+    monkeypatch.setattr(DetectionTask, "training_loss", loss_then_sigterm)
+    assert main(["det", "train", "--data", str(coco2017), "--output", str(run), "--epochs", "2",
+                 "--set", "clip_grad=2.5", *TINY]) == 143
+    monkeypatch.undo()
+    out = capsys.readouterr().out
+    assert "SIGTERM received" in out
+    printed = [line[len("resume with: "):] for line in out.splitlines() if line.startswith("resume with: ")]
+    assert printed == [f"weightformer det train --output {run} --resume auto"]
+    saved = torch.load(run / "last.pt", weights_only=True)
+    assert saved["global_step"] == 1
+
+    command = shlex.split(printed[0])
+    assert command[0] == "weightformer" and main(command[1:]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("recipe resumed:") and f"resumed from {run / 'last.pt'}" in out
+    after = torch.load(run / "last.pt", weights_only=True)
+    assert after["global_step"] == 4  # 2 epochs of 4 images at batch 2: the run's own
+    assert after["meta"] == saved["meta"] and after["meta"]["data"] == str(coco2017.resolve())
+    assert {k: v for k, v in after["config"].items() if k != "resume"} == \
+        {k: v for k, v in saved["config"].items() if k != "resume"}
+    assert after["config"]["model_kwargs"] == {k: int(v) for k, v in TINY_KWARGS.items()}
     assert after["config"]["clip_grad"] == 2.5 and after["config"]["img_size"] == 64
 
 

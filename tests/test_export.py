@@ -175,6 +175,19 @@ def test_pt2_runs_in_a_fresh_process(exported_224, tmp_path):
     (["--checkpoint", "{ckpt}", "--format", "hf", "--out", "x", "--aoti"], "use it with --format pt2"),
     (["--checkpoint", "missing.pt", "--format", "pt2", "--out", "x.pt2"], "does not exist"),
     (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "{ckpt}"], "would write over the command's input"),
+    # an image smaller than one 4x4 patch: the model's own refusal, as training gives it
+    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "x.onnx", "--img-size", "2"], "cannot take 2 px images"),
+    (["--checkpoint", "{ckpt}", "--format", "pt2", "--out", "x.onnx", "--img-size", "3"], "cannot take 3 px images"),
+    # a 2x2 token grid: the trace would bake in the small grid's code paths (onnxruntime failed, the .pt2 took 8 px only)
+    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "x.onnx", "--img-size", "8"], "pass --img-size 16 or more"),
+    (["--checkpoint", "{ckpt}", "--format", "pt2", "--out", "x.onnx", "--img-size", "12"], "pass --img-size 16 or more"),
+    # opsets the exporter cannot write: 1 wrote an opset-18 file with exit 0, 26 an invalid one
+    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "x.onnx", "--opset", "1"], "writes ONNX opsets 18 to"),
+    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "x.onnx", "--opset", "17"], "writes ONNX opsets 18 to"),
+    (["--checkpoint", "{ckpt}", "--format", "onnx", "--out", "x.onnx", "--opset", "1000"], "writes ONNX opsets 18 to"),
+    (["--checkpoint", "{ckpt}", "--format", "pt2", "--out", "x.onnx", "--opset", "18"], "use it with --format onnx"),
+    (["--checkpoint", "{ckpt}", "--format", "pt2", "--out", "x.onnx", "--no-check"], "use it with --format onnx"),
+    (["--checkpoint", "{ckpt}", "--format", "hf", "--out", "x", "--img-size", "64"], "the hf format traces nothing"),
 ])
 def test_mistakes_are_one_line_errors(argv, message, small_checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -188,3 +201,73 @@ def test_detection_checkpoint_is_refused(tmp_path, capsys):
     torch.save({"model": {}, "meta": {"task": "detection", "model": "weightformer_tiny"}}, tmp_path / "det.pt")
     assert export_main(["--checkpoint", str(tmp_path / "det.pt"), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 2
     assert "is a detection checkpoint" in capsys.readouterr().err
+
+
+def test_a_bad_flag_is_one_line_naming_the_command(capsys):
+    with pytest.raises(SystemExit) as stop:
+        export_main(["--format", "onnx", "--out", "x.onnx", "--bogus"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: weightformer export: unrecognized arguments: --bogus")
+
+
+def test_opset_range_is_what_this_torch_onnx_writes():
+    from torch.onnx._internal.exporter import _constants
+
+    from weightformer.export.onnx import onnx_opsets
+
+    opsets = onnx_opsets()
+    assert opsets.start == _constants.TORCHLIB_OPSET == 18  # below it the exporter kept 18 and said nothing
+    assert 20 in opsets and opsets.stop - 1 >= 23  # its default, and torch.onnx's ONNX_MAX_OPSET
+
+
+def test_onnx_is_written_at_the_opset_asked_for(small_checkpoint, tmp_path, capsys):
+    import onnx
+
+    out = tmp_path / "m.onnx"
+    assert export_main(["--checkpoint", str(small_checkpoint[0]), "--format", "onnx", "--out", str(out),
+                        "--opset", "19", "--no-check"]) == 0
+    assert [e.version for e in onnx.load(str(out)).opset_import if e.domain in ("", "ai.onnx")] == [19]
+
+
+def test_an_opset_the_converter_gives_up_on_is_refused_not_written(small_checkpoint, tmp_path):
+    """Should a range drift from what the converter does, the file's own opset is checked: the exporter
+    asked for 17 keeps its own 18, which is an error, and no file is left."""
+    from weightformer.engine.errors import ConfigError
+    from weightformer.export import onnx as export_onnx
+
+    with mock.patch.object(export_onnx, "onnx_opsets", return_value=range(17, 26)), \
+            pytest.raises(ConfigError, match="could not convert this model to opset 17 and wrote opset 18"):
+        export_onnx.to_onnx(small_checkpoint[1], tmp_path / "m.onnx", 3, 32, opset=17, check=False)
+    assert os.listdir(tmp_path) == []
+
+
+def _fixed_size_vit(path: Path) -> None:
+    """A DeiT checkpoint trained at 64 px: its position embeddings fix the input size."""
+    kwargs = {"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_patch16_224", num_classes=3, **kwargs)
+    meta = {"task": "classification", "model": "deit_tiny_patch16_224", "model_kwargs": kwargs, "num_classes": 3,
+            "in_chans": 3, "img_size": 64, "data": "shapes3", "classes": CLASSES, "mean": [0.5] * 3, "std": [0.2] * 3,
+            "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "center"}
+    torch.save({"model": model.state_dict(), "meta": meta}, path)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_a_model_that_takes_one_size_only_is_refused_before_tracing(fmt, tmp_path, capsys):
+    """The ONNX export of a fixed-size ViT failed with a traceback; the .pt2 was written, fixed at 64 px,
+    and called dynamic."""
+    _fixed_size_vit(tmp_path / "deit.pt")
+    code = export_main(["--checkpoint", str(tmp_path / "deit.pt"), "--format", fmt, "--out", str(tmp_path / f"m.{fmt}")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert "takes 64x64 px images but not" in err and "dynamic_img_size=true dynamic_img_pad=true" in err
+    assert not (tmp_path / f"m.{fmt}").exists()
+
+
+def test_the_fixed_size_hint_exports_a_program_that_takes_other_sizes(tmp_path):
+    _fixed_size_vit(tmp_path / "deit.pt")
+    assert export_main(["--checkpoint", str(tmp_path / "deit.pt"), "--format", "pt2", "--out", str(tmp_path / "m.pt2"),
+                        "--model-kwargs", "dynamic_img_size=true", "dynamic_img_pad=true"]) == 0
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    assert program(torch.randn(2, 3, 80, 72)).shape == (2, 3)

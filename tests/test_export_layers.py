@@ -88,3 +88,32 @@ def test_model_traced_forms_equal_eager_at_odd_grids():
         with torch.no_grad(), tracing(True):
             traced = model(x)
         torch.testing.assert_close(traced, eager, atol=1e-5, rtol=1e-5)
+
+
+def _traced_at(model, side):
+    """torch.export straight (not through export_program, which refuses small examples)."""
+    from torch.export import Dim
+
+    with torch.no_grad():
+        return torch.export.export(model, (torch.randn(2, 3, side, side),),
+                                   dynamic_shapes=({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},)).module()
+
+
+@pytest.mark.parametrize("dynamic_period, least", [(3, 16), (0, 8)])
+def test_the_smallest_export_example_is_the_grid_tracers_keep_dynamic(dynamic_period, least):
+    """min_export_side, the floor export puts under --img-size: below it torch.export bakes in the small
+    grid (a side of 1 for any model; the 2x2-pooled grid of 1 for the dynamic layers) and the program
+    refuses every other size; at the floor it takes them."""
+    import timm
+
+    from weightformer.export.sizes import min_export_side
+
+    torch.manual_seed(0)
+    model = timm.create_model("weightformer_tiny", patch_size=4, embed_dim=32, depth=2, num_classes=3,
+                              dynamic_period=dynamic_period).eval()
+    assert min_export_side(model) == least
+    other = torch.randn(1, 3, 40, 36)
+    with pytest.raises(Exception, match="Guard failed"):
+        _traced_at(model, least - 4)(other)
+    with torch.no_grad():
+        torch.testing.assert_close(_traced_at(model, least)(other), model(other), atol=1e-5, rtol=1e-5)

@@ -359,3 +359,36 @@ def test_frechet_distance_matches_sqrtm_and_the_closed_form_when_covariances_are
         warnings.simplefilter("error")
         assert frechet_distance(few, few + shift) == pytest.approx((shift ** 2).sum(), rel=1e-6)
         assert abs(frechet_distance(few, few)) < 1e-6 * np.trace(np.cov(few, rowvar=False))
+
+
+class _SlowClock:
+    """``time`` for weightformer.engine.progress: each reading ``step`` seconds after the last."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_gen_sample_off_a_terminal_writes_a_few_plain_lines_not_carriage_returns(
+        folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    """capsys's stderr is no terminal, as a log file, a pipe or CI is. A 250-step sampler used to write a
+    tqdm update per step there; now, even as slow as one step a second, it writes one line every 30 s."""
+    import weightformer.engine.progress as progress_module
+
+    run = tmp_path / "run"
+    train(_config(folder, run, epochs=1, max_steps=1), task=GenerationTask)
+    sample = ["sample", "--checkpoint", str(run / "last.pt"), "--num-per-class", "1", "--steps", "250", "--device",
+              "cpu"]
+    capsys.readouterr()
+    assert gen(*sample, "--out", str(tmp_path / "fast")) == 0  # at the real speed: well under 30 s, no line at all
+    err = capsys.readouterr().err
+    assert "\r" not in err and not [line for line in err.splitlines() if line.startswith("ddpm 250 steps")]
+    monkeypatch.setattr(progress_module, "time", _SlowClock(1.0))
+    assert gen(*sample, "--out", str(tmp_path / "slow")) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("ddpm 250 steps")]
+    assert "\r" not in err and 5 <= len(lines) <= 10, err  # 250 s: every 30 s, and the last count
+    assert lines[-1].startswith("ddpm 250 steps: 250/250 step")

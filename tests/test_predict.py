@@ -101,6 +101,7 @@ def test_imagenet_names_for_a_1000_class_model(tmp_path, images, capsys):
     (["{img}", "--checkpoint", "{ckpt}", "--top-k", "0"], "--top-k must be at least 1"),
     (["missing.png", "--checkpoint", "{ckpt}"], "does not exist"),
     (["{img}", "--checkpoint", "{ckpt}", "--out", "old.csv"], "already exists; pass --overwrite"),
+    (["{img}", "--checkpoint", "{ckpt}", "--img-size", "3"], "cannot take 3 px images"),
 ])
 def test_mistakes_are_one_line_errors(argv, message, checkpoint, images, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -116,3 +117,17 @@ def test_only_unreadable_files_is_an_error(checkpoint, tmp_path, capsys):
     (tmp_path / "x.png").write_bytes(b"")
     assert main([str(tmp_path / "x.png"), "--checkpoint", str(checkpoint[0])]) == 2
     assert "none of the 1 file(s) could be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["3", "1"])
+def test_an_image_size_below_one_patch_is_one_line_before_any_image_is_read(size, checkpoint, images, tmp_path,
+                                                                           monkeypatch, capsys):
+    """The check training makes (check_input_size), made before the images are decoded; --out is not written."""
+    import weightformer.classification.predict as predict_module
+
+    monkeypatch.setattr(predict_module, "rgb_loader", lambda path: pytest.fail(f"{path} was read"))
+    out = tmp_path / "preds.csv"
+    assert main([str(images), "--checkpoint", str(checkpoint[0]), "--img-size", size, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: weightformer_tiny cannot take {size} px images") and err.count("\n") == 1
+    assert "smaller than one 4x4 patch" in err and "--img-size" in err and not out.exists()

@@ -11,7 +11,14 @@ The config file (see configs/ablations/) is a mapping::
       deit: {model: deit_tiny_patch16_224, model_kwargs: {patch_size: 4, embed_dim: 96, depth: 4, num_heads: 4}}
 
 Each run goes through :func:`weightformer.engine.train` in its own folder. A finished run leaves
-``result.json`` there and is skipped next time; an interrupted one resumes from its ``last.pt``.
+``result.json`` there, with the settings it resolved to, and is skipped next time; an interrupted one
+resumes from its ``last.pt``. Before the first run, every run's settings are resolved as the engine
+resolves them and every variant's model is built (on PyTorch's ``meta`` device: no memory, no
+arithmetic) and given an image of its size, so a bad setting or model kwarg of the last variant is
+one line before anything trains. A finished or interrupted run whose recorded settings differ from
+what the file now resolves to is refused, naming what changed (``--rerun-changed`` trains it again,
+its old files moved aside), so a table never shows old numbers under a new definition. A key given
+twice in the file (two variants of one name) is refused, not silently reduced to the last.
 The table gives, per variant, the mean ± std over seeds of the last epoch's top-1 (and the best
 epoch's), the parameters, FLOPs per image (:func:`weightformer.bench.flops.count_flops`) and
 inference img/s at the training resolution, and is written as Markdown, JSON and a PNG plot.
@@ -19,7 +26,6 @@ inference img/s at the training resolution, and is written as Markdown, JSON and
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,10 +39,12 @@ from typing import Any
 import yaml
 
 from ..classification.config import ClassificationConfig
-from ..engine.config import config_fields, load_yaml, resolve_config
-from ..engine.errors import ConfigError
+from ..engine.config import SettingsLoader, yaml_reason, config_fields
+from ..engine.errors import USER_ERRORS, ConfigError
 
-__all__ = ["AblationConfig", "load_ablation", "main", "measure_cost", "run_ablation", "summarise"]
+__all__ = ["AblationConfig", "DuplicateKeyError", "RunPlan", "check_variant_model", "load_ablation", "load_grid_yaml",
+           "main", "measure_cost", "plan_ablation", "plan_run", "resolved_settings", "run_ablation", "setting_changes",
+           "summarise"]
 
 _KEYS = ("name", "output", "seeds", "recipe", "variants", "throughput_batch")
 
@@ -52,6 +60,43 @@ class AblationConfig:
     variants: dict[str, dict[str, Any]]
     throughput_batch: int = 64  # images per forward pass when timing inference
     source: str = field(default="", repr=False)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping of a YAML file."""
+
+
+class _GridLoader(SettingsLoader):
+    """The settings files' loader (YAML 1.2 numbers, :func:`weightformer.engine.config.load_yaml`) that
+    refuses a key given twice in one mapping, which YAML would resolve silently to the last (two
+    variants of one name would then be one). Merge keys (``<<: *base``) still override as YAML says."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:  # an unhashable key: the base loader says what is wrong with it
+                    continue
+                mark = key_node.start_mark
+                if key in seen:
+                    first = seen[key]
+                    where = (f"line {mark.line + 1}, columns {first.column + 1} and {mark.column + 1}"
+                             if first.line == mark.line else f"lines {first.line + 1} and {mark.line + 1}")
+                    raise DuplicateKeyError(f"the key {key!r} is given twice, at {where} (YAML would keep only the "
+                                            f"last); rename or remove one")
+                seen[key] = mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_grid_yaml(text: str) -> Any:
+    """YAML text as plain values, as :func:`weightformer.engine.config.load_yaml` reads it, except that a
+    key given twice in one mapping is a :class:`DuplicateKeyError` (a ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=_GridLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def _check_settings(values: Any, where: str) -> dict[str, Any]:
@@ -70,9 +115,13 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
     if not path.is_file():
         raise ConfigError(f"ablation config {path} does not exist; pass a YAML file such as configs/ablations/dynamic_period.yaml")
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"ablation config {path} is not valid YAML ({str(exc).splitlines()[0]})") from exc
+        raw = load_grid_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"ablation config {path} is not a text file (not UTF-8); pass a YAML file") from exc
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"ablation config {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"ablation config {path} is not valid YAML ({yaml_reason(exc)})") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"ablation config {path} must be a mapping with keys {', '.join(_KEYS)}")
     unknown = sorted(set(raw) - set(_KEYS))
@@ -83,8 +132,13 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
         raise ConfigError(f"ablation config {path}: 'variants' must map variant names to settings, e.g. "
                           f"{{period_3: {{model_kwargs: {{dynamic_period: 3}}}}}}")
     seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                            and s >= 0 for s in seeds):
         raise ConfigError(f"ablation config {path}: 'seeds' must be a list of non-negative integers, got {seeds!r}")
+    check_seeds(seeds, f"ablation config {path}: 'seeds'")
+    batch = raw.get("throughput_batch", 64)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ConfigError(f"ablation config {path}: 'throughput_batch' must be a positive number of images, got {batch!r}")
     for name in variants:
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ConfigError(f"ablation config {path}: variant name {name!r} must be a plain folder name")
@@ -94,9 +148,16 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
         seeds=seeds,
         recipe=_check_settings(raw.get("recipe", {}), "recipe"),
         variants={name: _check_settings(v or {}, f"variant {name!r}") for name, v in variants.items()},
-        throughput_batch=int(raw.get("throughput_batch", 64)),
+        throughput_batch=batch,
         source=str(path),
     )
+
+
+def check_seeds(seeds: Sequence[int], where: str) -> None:
+    """ConfigError for a seed given twice (the two would be one run, counted twice in the mean ± std)."""
+    twice = sorted({seed for seed in seeds if list(seeds).count(seed) > 1})
+    if twice:
+        raise ConfigError(f"{where} gives seed(s) {', '.join(map(str, twice))} twice; each seed is one run, list it once")
 
 
 def run_settings(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]:
@@ -129,19 +190,184 @@ class GridStopped(Exception):
         self.signal_name = signal_name
 
 
-def train_one(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]:
-    """Train (or resume) one run and record its result.json; returns the result."""
+# Settings that say how a run is carried out, not what it computes: a change of them keeps its results.
+_NOT_COMPARED = ("output", "resume", "overwrite", "workers", "log_interval")
+
+
+def resolved_settings(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]:
+    """The settings one run resolves to, as :func:`weightformer.engine.train` resolves them for a new
+    run (the recipe for its data under the grid's settings), as plain values: what keys a finished run."""
+    from ..engine import prepare_config
+
+    settings = {**run_settings(config, variant, seed), "resume": None}
+    try:
+        return prepare_config(settings, task="classification").cfg.to_dict()
+    except ConfigError as exc:
+        raise ConfigError(f"variant {variant!r}: {exc}") from exc
+
+
+def _plain(value: Any) -> Any:
+    """A value as a result.json holds it (tuples as lists), so that recorded and new settings compare."""
+    return json.loads(json.dumps(value))
+
+
+def setting_changes(recorded: dict[str, Any], wanted: dict[str, Any], ignore: Sequence[str] = ()) -> list[str]:
+    """``"name old -> new"`` for each setting of ``wanted`` that ``recorded`` (a run's saved settings)
+    holds with another value. Settings the record lacks (added to the package since) are not compared."""
+    changes = []
+    for name, value in wanted.items():
+        if name in _NOT_COMPARED or name in ignore or name not in recorded:
+            continue
+        old, new = _plain(recorded[name]), _plain(value)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):  # model_kwargs: name the keys that differ
+            missing = object()
+            changes += [f"{name}.{key} {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
+                        for key in dict.fromkeys([*old, *new]) if old.get(key, missing) != new.get(key, missing)]
+        else:
+            changes.append(f"{name} {old!r} -> {new!r}")
+    return changes
+
+
+@dataclass
+class RunPlan:
+    """What the grid does with one run: ``new`` (train it), ``resume`` (continue its last.pt),
+    ``finished`` (reuse its result.json) or ``changed`` (its record differs from ``settings``)."""
+
+    variant: str
+    seed: int
+    folder: Path
+    settings: dict[str, Any]  # resolved (resolved_settings)
+    status: str
+    changes: list[str] = field(default_factory=list)
+
+
+def _recorded_settings(path: Path) -> dict[str, Any] | None:
+    """The resolved settings a checkpoint of a run was saved with."""
+    from ..engine import read_checkpoint
+
+    config = read_checkpoint(path).get("config")
+    return dict(config) if isinstance(config, dict) else None
+
+
+def plan_run(config: AblationConfig, variant: str, seed: int, settings: dict[str, Any]) -> RunPlan:
+    """Compare a run's folder with the settings it should have (see :class:`RunPlan`)."""
+    folder = config.output / variant / f"seed{seed}"
+    done, last = folder / "result.json", folder / "last.pt"
+    if done.is_file():
+        try:
+            recorded = json.loads(done.read_text()).get("config")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+            raise ConfigError(f"{done} is not a result of this runner ({exc}); move it away to train the run "
+                              f"again") from exc
+        if recorded is None and last.is_file():  # written before result.json held the settings
+            recorded = _recorded_settings(last)
+        if recorded is None:
+            return RunPlan(variant, seed, folder, settings, "changed", ["its settings are not recorded"])
+        changes = setting_changes(recorded, settings)
+        return RunPlan(variant, seed, folder, settings, "changed" if changes else "finished", changes)
+    if last.is_file():  # interrupted: it may continue only under the settings it started with
+        recorded = _recorded_settings(last) or {}
+        changes = setting_changes(recorded, settings, ignore=("max_steps",))  # a step limit never changes the run
+        return RunPlan(variant, seed, folder, settings, "changed" if changes else "resume", changes)
+    return RunPlan(variant, seed, folder, settings, "new")
+
+
+def _data_shape(data: str) -> tuple[int, int]:
+    """(input channels, classes) of the data, without opening it (a folder's classes are its train/
+    subfolders; the data scan of the run itself checks them)."""
+    from ..data import BUILTIN_DATASETS
+    from ..data.errors import DataError
+
+    spec = BUILTIN_DATASETS.get(data)
+    if spec is not None:
+        return spec.in_chans, spec.num_classes
+    root = Path(data).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data {data}: no such folder; pass an ImageFolder tree (train/ and val/ with one subfolder "
+                        f"per class) or a built-in data set name such as mnist")
+    train = root / "train"
+    classes = sum(1 for p in train.iterdir() if p.is_dir()) if train.is_dir() else 0
+    return 3, max(classes, 1)  # folders are read as RGB
+
+
+def check_variant_model(variant: str, settings: dict[str, Any]) -> None:
+    """Build the model a variant trains and give it one blank image of the run's size, as the run's
+    :meth:`ClassificationTask.build_model` does (same builder, same check), but on PyTorch's ``meta``
+    device: no weights are allocated and no arithmetic runs, only the shapes. A model the meta device
+    cannot run is built on the CPU instead. A bad kwarg or a size the model cannot take is one
+    ConfigError naming the variant."""
+    import torch
+
+    from ..classification.model import build_classifier, check_input_size
+    from ..classification.task import ClassificationTask
+    from ..engine import validate_config
+
+    from ..data.errors import DataError
+
+    fields = config_fields(ClassificationConfig)
+    cfg = validate_config(ClassificationConfig(**{k: v for k, v in settings.items() if k in fields}))
+    task = ClassificationTask(cfg)
+    try:
+        in_chans, num_classes = _data_shape(cfg.data)
+    except DataError as exc:
+        raise DataError(f"variant {variant!r}: {exc}") from exc
+
+    def build(device: torch.device) -> Any:
+        try:
+            with device:
+                return build_classifier(meta)
+        except AssertionError as exc:  # timm checks its arguments with asserts (e.g. embed_dim % num_heads)
+            reason = str(exc).strip() or "an assertion failed"
+            raise ConfigError(f"cannot build {cfg.model} with model arguments {meta['model_kwargs']}: {reason}; "
+                              f"check its model_kwargs") from exc
+
+    try:
+        meta = {"task": task.name, "model": cfg.model, "model_kwargs": task.model_kwargs(), "num_classes": num_classes,
+                "in_chans": in_chans, "img_size": task.img_size}
+        try:
+            check_input_size(build(torch.device("meta")), meta, torch.device("meta"))
+        except USER_ERRORS:
+            raise
+        except Exception:  # an operation without a meta kernel (or a data-dependent one): the real thing, on the CPU
+            check_input_size(build(torch.device("cpu")), meta, torch.device("cpu"))
+    except ConfigError as exc:
+        raise ConfigError(f"variant {variant!r}: {exc}") from exc
+
+
+def _changed_line(config: AblationConfig, changed: list[RunPlan]) -> str:
+    first = changed[0]
+    more = f" (and {len(changed) - 1} more run(s))" if len(changed) > 1 else ""
+    kind = "finished" if (first.folder / "result.json").is_file() else "interrupted"
+    return (f"the {kind} run {first.folder} was trained with other settings than {config.source or 'the grid'} gives "
+            f"{first.variant!r} now: {', '.join(first.changes)}{more}; its numbers are not this variant's. Pass "
+            f"--rerun-changed to train such runs again (their old files are moved aside, never deleted), or restore "
+            f"the settings they were trained with")
+
+
+def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = False) -> dict[str, Any]:
+    """Train (or resume) one run and record its result.json; returns the result.
+
+    ``fresh``: start it anew though its folder holds a run (one of other settings): the old run's
+    files and result.json are moved aside, never deleted."""
     from ..engine import train
+    from ..engine.outputs import move_aside
 
     settings = run_settings(config, variant, seed)
     folder = Path(settings["output"])
+    if fresh:
+        settings.update(resume=None, overwrite=True)  # the engine moves the old run's files to previous-<time>/
+        if (folder / "result.json").exists():
+            move_aside(folder / "result.json")
     start = time.perf_counter()
     result = train(settings, task="classification")
     if result.stopped_by is not None:
         raise GridStopped(result.stopped_by)  # the run saved last.pt; the next `weightformer ablate` resumes it
     last, best, epochs = _last_and_best(folder / "metrics.jsonl")
     record = {"variant": variant, "seed": seed, "top1_last": last, "top1_best": best, "epochs": epochs,
-              "train_seconds": round(time.perf_counter() - start, 1), "settings": settings}
+              "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
+              "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
     _write_atomic(folder / "result.json", json.dumps(record, indent=2) + "\n")
     return record
 
@@ -239,29 +465,50 @@ def plot_table(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
-def run_ablation(config: AblationConfig, only: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Train every unfinished run of the grid (skipping those with result.json), then summarise all of it.
-
-    Writes ``table.md``, ``table.json`` and ``table.png`` into ``config.output`` and returns the rows.
-    """
-    from tqdm import tqdm
-
-    variants = list(only or config.variants)
+def plan_ablation(config: AblationConfig, only: Sequence[str] | None = None,
+                  rerun_changed: bool = False) -> list[RunPlan]:
+    """Everything checked before the first run: the variants named, every run's settings resolved, every
+    variant's model built (:func:`check_variant_model`) and every run folder compared with what it should
+    hold (:func:`plan_run`). A run of changed settings is a ConfigError unless ``rerun_changed``."""
+    variants = list(dict.fromkeys(only or config.variants))
     missing = [v for v in variants if v not in config.variants]
     if missing:
         raise ConfigError(f"--only {', '.join(missing)}: not a variant of {config.source}; choose from "
                           f"{', '.join(config.variants)}")
-    for variant in variants:  # every setting checked before the first run, not when its turn comes
-        resolve_config(ClassificationConfig, None, (run_settings(config, variant, config.seeds[0]),))
-    runs = [(v, s) for v in variants for s in config.seeds]
-    results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    for variant, seed in tqdm(runs, desc=f"ablation {config.name}", unit="run"):
-        done = config.output / variant / f"seed{seed}" / "result.json"
-        if done.is_file():
-            tqdm.write(f"skip {variant} seed {seed}: finished ({done})")
-            results[variant].append(json.loads(done.read_text()))
+    check_seeds(config.seeds, "--seeds")
+    resolved = {(v, s): resolved_settings(config, v, s) for v in variants for s in config.seeds}
+    for variant in variants:  # the model does not depend on the seed: one check per variant
+        check_variant_model(variant, resolved[(variant, config.seeds[0])])
+    plans = [plan_run(config, v, s, resolved[(v, s)]) for v in variants for s in config.seeds]
+    changed = [plan for plan in plans if plan.status == "changed"]
+    if changed and not rerun_changed:
+        raise ConfigError(_changed_line(config, changed))
+    return plans
+
+
+def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
+                 rerun_changed: bool = False) -> list[dict[str, Any]]:
+    """Train every unfinished run of the grid (skipping those with a result.json of the same settings),
+    then summarise all of it. Everything is checked first (:func:`plan_ablation`); runs whose recorded
+    settings differ from the grid's are refused, or with ``rerun_changed`` trained again.
+
+    Writes ``table.md``, ``table.json`` and ``table.png`` into ``config.output`` and returns the rows.
+    """
+    from ..engine.progress import progress
+
+    plans = plan_ablation(config, only, rerun_changed)
+    results: dict[str, list[dict[str, Any]]] = {plan.variant: [] for plan in plans}
+    for plan in progress(plans, desc=f"ablation {config.name}", unit="run"):
+        done = plan.folder / "result.json"
+        if plan.status == "finished":
+            print(f"skip {plan.variant} seed {plan.seed}: finished ({done})")
+            results[plan.variant].append(json.loads(done.read_text()))
             continue
-        results[variant].append(train_one(config, variant, seed))
+        if plan.status == "changed":
+            print(f"train {plan.variant} seed {plan.seed} again: its settings changed ({', '.join(plan.changes)})")
+            results[plan.variant].append(train_one(config, plan.variant, plan.seed, fresh=True))
+        else:
+            results[plan.variant].append(train_one(config, plan.variant, plan.seed))
     rows = summarise(config, results)
     table = format_table(rows)
     command = f"weightformer ablate {config.source} --seeds {' '.join(map(str, config.seeds))}"
@@ -277,9 +524,9 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None) -> l
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``weightformer ablate CONFIG.yaml [--only V ...] [--output DIR]``."""
-    from ..engine.cli import SIGNAL_EXIT_CODES, run_reporting_errors
+    from ..engine.cli import SIGNAL_EXIT_CODES, OneLineParser, run_reporting_errors
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="weightformer ablate",
         description="Train a grid of model variants over seeds with one recipe (resumable: finished runs are "
                     "skipped) and print a table of mean ± std top-1, params, FLOPs and img/s.")
@@ -287,6 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="VARIANT", help="run and tabulate only these variants")
     parser.add_argument("--output", help="run folder of the grid (default: the config's output)")
     parser.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="these seeds instead of the config's")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="train again the runs whose recorded settings differ from what the config gives now "
+                             "(default: refuse them; their old files are moved aside, never deleted)")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     def command() -> int:
@@ -298,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ConfigError(f"--seeds must be non-negative integers, got {args.seeds}")
             config.seeds = list(args.seeds)
         try:
-            rows = run_ablation(config, only=args.only)
+            rows = run_ablation(config, only=args.only, rerun_changed=args.rerun_changed)
         except GridStopped as stop:
             print(f"stopped by {stop.signal_name}; run the same command again to resume the grid", file=sys.stderr)
             return SIGNAL_EXIT_CODES.get(stop.signal_name, 130)

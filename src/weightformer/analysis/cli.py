@@ -25,7 +25,7 @@ from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
 from .erf import erf_map, erf_stats
 
-__all__ = ["DEFAULT_MODELS", "build_from_spec", "check_spec", "erf_report", "load_images", "main", "plot_erf_grid"]
+__all__ = ["DEFAULT_MODELS", "build_from_spec", "check_models", "check_spec", "erf_report", "load_images", "main", "plot_erf_grid"]
 
 # The comparison of the docs: every WeightFormer predictor (at the released placement), all-static, DeiT.
 DEFAULT_MODELS = (
@@ -51,12 +51,27 @@ def check_spec(spec: str) -> None:
         raise ConfigError(f"--model {spec!r}: {name!r} is not a timm model; write NAME[:key=value,...] or ckpt=PATH")
 
 
+def check_models(specs: Sequence[str], in_chans: int, img_size: int) -> None:
+    """Before any work: every spec names a model or a file (:func:`check_spec`), and each model builds
+    and takes ``img_size`` images (:func:`build_from_spec`; a classifier's checkpoint only). Each is
+    built once and dropped, so a bad last model is one line before the first one is analysed."""
+    for spec in specs:
+        check_spec(spec)
+    for spec in specs:
+        build_from_spec(spec, in_chans, img_size)
+
+
 def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module, dict[str, Any]]:
-    """A model from ``NAME[:key=value,...]`` or ``ckpt=PATH``; returns it and what it was built from."""
+    """A model from ``NAME[:key=value,...]`` or ``ckpt=PATH``; returns it and what it was built from.
+
+    ConfigError (or CheckpointError) in one line for an unknown model, kwargs it does not take, a
+    checkpoint of another task than classification, or a model that cannot take ``img_size`` images
+    (smaller than one patch: :func:`weightformer.classification.model.check_input_size`)."""
     import timm
 
     import weightformer  # noqa: F401  (registers the WeightFormer models)
 
+    from ..classification.model import check_input_size
     from ..engine.weights import load_model
 
     check_spec(spec)
@@ -65,17 +80,23 @@ def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module,
         path = name[len("ckpt="):]
         loaded = load_model(path, task="classification")
         meta = loaded.meta
-        return loaded.model, {"checkpoint": path, "model": meta["model"], "model_kwargs": meta["model_kwargs"],
-                              "in_chans": meta["in_chans"]}
-    kwargs = parse_model_kwargs([item for item in text.split(",") if item], flag=f"--model {name}:")
-    cfg = timm.models.get_pretrained_cfg(name)
-    if name.startswith("weightformer") or (cfg is not None and cfg.fixed_input_size):  # position embeddings fix it
-        kwargs.setdefault("img_size", img_size)
-    try:
-        model = timm.create_model(name, num_classes=0, in_chans=in_chans, **kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"--model {spec!r}: cannot build it ({exc})") from exc
-    return model, {"model": name, "model_kwargs": kwargs, "in_chans": in_chans}
+        model = loaded.model
+        source = {"checkpoint": path, "model": meta["model"], "model_kwargs": meta["model_kwargs"],
+                  "in_chans": meta["in_chans"]}
+    else:
+        kwargs = parse_model_kwargs([item for item in text.split(",") if item], flag=f"--model {name}:")
+        cfg = timm.models.get_pretrained_cfg(name)
+        if name.startswith("weightformer") or (cfg is not None and cfg.fixed_input_size):  # position embeddings fix it
+            kwargs.setdefault("img_size", img_size)
+        try:
+            model = timm.create_model(name, num_classes=0, in_chans=in_chans, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"--model {spec!r}: cannot build it ({exc})") from exc
+        source = {"model": name, "model_kwargs": kwargs, "in_chans": in_chans}
+    # An image smaller than one patch (or a size the model refuses) is one line, as in training.
+    check_input_size(model, {"model": source["model"], "in_chans": source["in_chans"], "img_size": img_size},
+                     next((p.device for p in model.parameters()), torch.device("cpu")))
+    return model, source
 
 
 def load_images(data: str, num: int, img_size: int, in_chans: int, seed: int) -> torch.Tensor:
@@ -97,12 +118,11 @@ def load_images(data: str, num: int, img_size: int, in_chans: int, seed: int) ->
 def erf_report(specs: Sequence[str], data: str = "noise", num_images: int = 8, img_size: int = 224,
                in_chans: int = 3, seed: int = 0) -> list[dict[str, Any]]:
     """ERF map and numbers of each model spec: ``[{"spec", "source", "stats", "map"}, ...]``."""
-    from tqdm import tqdm
+    from ..engine.progress import progress
 
-    for spec in specs:
-        check_spec(spec)
+    check_models(specs, in_chans, img_size)
     out = []
-    for spec in tqdm(specs, desc="ERF", unit="model"):
+    for spec in progress(specs, desc="ERF", unit="model"):
         torch.manual_seed(seed)  # the same random init for every run of the same spec
         model, source = build_from_spec(spec, in_chans, img_size)
         images = load_images(data, num_images, img_size, source["in_chans"], seed)
@@ -148,8 +168,6 @@ def _erf_command(args: argparse.Namespace) -> int:
         check_writable_file(path, flag)
         if path.exists() and not args.overwrite:
             raise ConfigError(f"{flag} {path} exists; pass --overwrite to replace it, or another path")
-    if args.num_images < 1 or args.img_size < 1:
-        raise ConfigError("--num-images and --img-size must be at least 1")
     results = erf_report(args.model or DEFAULT_MODELS, data=args.data, num_images=args.num_images,
                          img_size=args.img_size, in_chans=args.in_chans, seed=args.seed)
     plot_erf_grid(results, png)
@@ -168,8 +186,7 @@ def _erf_command(args: argparse.Namespace) -> int:
 def _updates_command(args: argparse.Namespace) -> int:
     from .dynamics import dynamic_update_stats
 
-    for spec in args.model:
-        check_spec(spec)
+    check_models(args.model, args.in_chans, args.img_size)
     rows = []
     for spec in args.model:
         torch.manual_seed(args.seed)
@@ -188,8 +205,7 @@ def _updates_command(args: argparse.Namespace) -> int:
 def _interaction_command(args: argparse.Namespace) -> int:
     from .interaction import edge_interaction
 
-    for spec in args.model:
-        check_spec(spec)
+    check_models(args.model, args.in_chans, args.img_size)
     rows = []
     for spec in args.model:
         torch.manual_seed(args.seed)
@@ -204,9 +220,9 @@ def _interaction_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``weightformer analyze erf | updates | interaction ...``."""
-    from ..engine.cli import run_reporting_errors
+    from ..engine.cli import OneLineParser, run_reporting_errors
 
-    parser = argparse.ArgumentParser(prog="weightformer analyze", description="Analysis tools.")
+    parser = OneLineParser(prog="weightformer analyze", description="Analysis tools.")
     sub = parser.add_subparsers(dest="tool", required=True)
     erf = sub.add_parser("erf", help="effective receptive fields: a PNG grid of heat maps and a JSON of numbers",
                          description="Gradient of the centre token's output w.r.t. the input pixels, averaged over "
@@ -247,4 +263,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tool == "interaction" and not (2 <= args.glyphs <= 10 and args.img_size >= 32 and args.placements >= 1):
         parser.error("--glyphs must be 2-10, --img-size at least 32 and --placements at least 1")
     command = {"erf": _erf_command, "updates": _updates_command, "interaction": _interaction_command}[args.tool]
-    return run_reporting_errors(lambda: command(args))
+
+    def checked() -> int:
+        _check_counts(args)
+        return command(args)
+
+    return run_reporting_errors(checked)
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts and sizes every tool takes must be at least 1 (before any model is built)."""
+    for flag in ("num_images", "img_size", "in_chans"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")

@@ -15,7 +15,8 @@ from .journal import Journal, JournalMismatch
 from .machine import describe, machine_info
 from .memory import MemoryReport, OutOfMemory, cuda_peak, is_oom
 from .memory import measure as measure_memory
-from .report import check_out_dir, markdown_table, plot_scaling, write_all, write_csv, write_json, write_markdown
+from .report import (check_out_dir, claim_out_dir, markdown_table, plot_scaling, write_all, write_csv, write_json,
+                     write_markdown)
 from .sweep import Sweep, SweepConfig, attach_ratios
 from .variants import VARIANTS, Variant, build_variant, get_variant, param_count
 
@@ -33,6 +34,7 @@ __all__ = [
     "attention_flops",
     "build_variant",
     "check_out_dir",
+    "claim_out_dir",
     "count_flops",
     "cuda_peak",
     "describe",

@@ -1,7 +1,8 @@
 """``weightformer bench``: run the benchmark sweep and write JSON, CSV, Markdown and the scaling plot.
 
-Every setting is checked before any measurement: a bad one ends in one ``error:`` line on stderr and
-exit status 2. Each point is appended to ``points.jsonl`` in the output folder as it is measured;
+Every setting is checked before any measurement, and so is the output folder (the rule of every
+bench command: :func:`~weightformer.bench.report.claim_out_dir`): a bad one ends in one ``error:`` line
+on stderr and exit status 2. Each point is appended to ``points.jsonl`` in the output folder as it is measured;
 ``--resume`` takes the points already there. SIGINT and SIGTERM stop the sweep between calls with
 exit status 130 and 143, keeping the points measured so far.
 """
@@ -16,19 +17,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .journal import JOURNAL_NAME, JournalMismatch
-from .report import check_out_dir, markdown_table, write_all
-from .sweep import (
-    DTYPES,
-    MEASUREMENTS,
-    MODES,
-    Sweep,
-    SweepConfig,
-    check_choices,
-    check_device,
-    check_models,
-    check_number,
-    check_resolution,
-)
+from .options import add_overwrite_argument, default_device, from_text, number, one_line_error, parse_int, strings
+from .report import OUTPUT_NAMES, OutputError, claim_out_dir, markdown_table, write_all
+from .sweep import DTYPES, MEASUREMENTS, MODES, Sweep, SweepConfig, check_choices, check_models, check_resolution
 from .variants import TRAIN, VARIANTS
 
 DEFAULT_MODELS = ["wf-t", "wf-t-naive", "wf-t-ckpt", "deit-t", "deit-t-explicit", "wf-s", "deit-s"]
@@ -51,43 +42,15 @@ expect 15-20 minutes on a slower or busier machine. For a quick look use --quick
 DeiT-T, inference and FLOPs at 224 and 448 px: about 30 s there), or pick models and resolutions.
 
 Each point is saved to points.jsonl in --out as soon as it is measured: a sweep that is killed keeps
-its points, and the same command with --resume measures only the rest."""
+its points, and the same command with --resume measures only the rest.
 
-
-def _from_text(parse: Callable[[str], Any], what: str) -> Callable[[str], Any]:
-    """An argparse type: ``parse(text)``, turning its ValueError into argparse's one-line error."""
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error) or f"bad {what}: {text!r}") from None
-
-    convert.__name__ = what  # argparse names the type in some messages
-    return convert
-
-
-def _int(text: str) -> int:
-    return _parse_number(text, int, "an integer")
-
-
-def _float(text: str) -> float:
-    return _parse_number(text, float, "a number")
-
-
-def _parse_number(text: str, kind: Callable[[str], Any], what: str) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise ValueError(f"expected {what}, got {text!r}") from None
-
-
-def _strings(text: str) -> List[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+Nothing is written over unasked: an --out that already holds results of an earlier sweep (the
+committed benchmarks/results/<device type> included) is refused before any measurement; --overwrite
+moves them aside (<name>.previous-<time>, never deleted), --resume continues their points.jsonl."""
 
 
 def _resolutions(text: str) -> List[int]:
-    values = [_int(part) for part in _strings(text)]
+    values = [parse_int(part) for part in strings(text)]
     if not values:
         raise ValueError(f"expected comma-separated resolutions such as 224,448, got {text!r}")
     for value in values:
@@ -96,25 +59,16 @@ def _resolutions(text: str) -> List[int]:
 
 
 def _models(text: str) -> List[str]:
-    models = _strings(text)
+    models = strings(text)
     check_models(models)
     return models
 
 
 def _choices(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
     def parse(text: str) -> List[str]:
-        values = _strings(text)
+        values = strings(text)
         check_choices(what, values, allowed)
         return values
-
-    return parse
-
-
-def _number(minimum: float, inclusive: bool = True, integer: bool = False) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        value = _int(text) if integer else _float(text)
-        check_number("the value", value, minimum, inclusive)
-        return value
 
     return parse
 
@@ -126,7 +80,7 @@ def parse_batches(text: str) -> Tuple[Dict[int, int], int]:
     """
     per_res: Dict[int, int] = {}
     defaults: List[int] = []
-    for part in _strings(text):
+    for part in strings(text):
         try:
             if ":" in part:
                 res, batch = part.split(":")
@@ -147,16 +101,6 @@ def parse_batches(text: str) -> Tuple[Dict[int, int], int]:
     return per_res, defaults[0] if defaults else 1
 
 
-def _one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], None]:
-    """``parser.error`` for the bench: a user's mistake is one ``error:`` line on stderr and exit status 2."""
-
-    def error(message: str) -> None:
-        print(f"error: {message} (see {parser.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-    return error
-
-
 def _list(values: Sequence[Any]) -> str:
     return ",".join(map(str, values))
 
@@ -165,40 +109,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the benchmark's options to ``parser``, with its description, help layout and one-line errors."""
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.error = _one_line_error(parser)  # type: ignore[method-assign]
+    parser.error = one_line_error(parser)  # type: ignore[method-assign]
     S = argparse.SUPPRESS  # --quick fills in what is not given; config_from_args applies the defaults
     add = parser.add_argument
     add("--quick", action="store_true",
         help=f"a short sweep: models {_list(QUICK['models'])}, resolutions {_list(QUICK['resolutions'])}, "
         f"measure {_list(QUICK['measure'])}, unless given explicitly")
-    add("--models", type=_from_text(_models, "models"), default=S,
+    add("--models", type=from_text(_models, "models"), default=S,
         help=f"comma-separated, from: {', '.join(VARIANTS)} (default: {_list(DEFAULT_MODELS)})")
-    add("--resolutions", type=_from_text(_resolutions, "resolutions"), default=S,
+    add("--resolutions", type=from_text(_resolutions, "resolutions"), default=S,
         help=f"image sides in pixels, multiples of 16 (default: {_list(DEFAULT_RESOLUTIONS)})")
     add("--batch", type=parse_batches, default=parse_batches(DEFAULT_BATCHES), metavar="RES:BATCH,...,DEFAULT",
         help=f"batch size per resolution and a plain default for the others (default: {DEFAULT_BATCHES})")
-    add("--measure", type=_from_text(_choices(MEASUREMENTS, "measurements"), "measure"), default=S,
+    add("--measure", type=from_text(_choices(MEASUREMENTS, "measurements"), "measure"), default=S,
         help=f"comma-separated, from: {', '.join(MEASUREMENTS)} (default: all)")
-    add("--train-resolutions", type=_from_text(_resolutions, "resolutions"), default=DEFAULT_TRAIN_RESOLUTIONS,
+    add("--train-resolutions", type=from_text(_resolutions, "resolutions"), default=DEFAULT_TRAIN_RESOLUTIONS,
         help=f"the resolutions that also get training steps (default: {_list(DEFAULT_TRAIN_RESOLUTIONS)})")
-    add("--memory-resolutions", type=_from_text(_resolutions, "resolutions"), default=DEFAULT_MEMORY_RESOLUTIONS,
+    add("--memory-resolutions", type=from_text(_resolutions, "resolutions"), default=DEFAULT_MEMORY_RESOLUTIONS,
         help=f"the resolutions that also get peak memory (default: {_list(DEFAULT_MEMORY_RESOLUTIONS)})")
-    add("--memory-modes", type=_from_text(_choices(MODES, "memory modes"), "modes"), default=[TRAIN],
+    add("--memory-modes", type=from_text(_choices(MODES, "memory modes"), "modes"), default=[TRAIN],
         help=f"memory of 'infer' calls, 'train' steps or both, comma-separated (default: {TRAIN})")
-    add("--repetitions", type=_from_text(_number(1, integer=True), "repetitions"), default=3,
+    add("--repetitions", type=number(1, integer=True), default=3,
         help="timed rounds per point; medians are reported (default: %(default)s)")
-    add("--min-rep-seconds", type=_from_text(_number(0), "seconds"), default=1.0,
+    add("--min-rep-seconds", type=number(0), default=1.0,
         help="a timed repetition lasts at least this many seconds (default: %(default)s)")
-    add("--max-call-seconds", type=_from_text(_number(0, inclusive=False), "seconds"), default=15.0,
+    add("--max-call-seconds", type=number(0, inclusive=False), default=15.0,
         help="skip points predicted to take longer per call, in seconds (default: %(default)s)")
-    add("--device", type=_from_text(check_device, "device"), default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu, cuda or cuda:N (default: %(default)s, here)")
+    add("--device", default=default_device(),
+        help="cpu, cuda, cuda:N or auto (default: %(default)s, here)")
     add("--dtype", default="float32", choices=DTYPES, help="autocast dtype (default: %(default)s)")
-    add("--threads", type=_from_text(_number(1, integer=True), "threads"), default=None,
+    add("--threads", type=number(1, integer=True), default=None,
         help="torch CPU threads (default: torch's choice)")
-    add("--out", type=Path, default=None, help="output folder (default: benchmarks/results/<device type>)")
+    add("--out", type=Path, default=None,
+        help=f"output folder (default: benchmarks/results/<device type>); one that already holds "
+             f"{', '.join(OUTPUT_NAMES)} or {JOURNAL_NAME} is refused unless --resume or --overwrite")
     add("--resume", action="store_true",
         help=f"take the points already in --out/{JOURNAL_NAME} (same settings only) and measure the rest")
+    add_overwrite_argument(parser, f"results ({', '.join(OUTPUT_NAMES)}) and {JOURNAL_NAME}")
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
@@ -254,12 +201,25 @@ def _sweep(config: SweepConfig, out: Path, resume: bool) -> Optional[Dict[str, A
             signal.signal(signum, handler)
 
 
+def claim_sweep_out_dir(out: Path, resume: bool, overwrite: bool) -> List[Path]:
+    """The bench output rule (:func:`~weightformer.bench.report.claim_out_dir`) for the sweep's folder:
+    its results and journal are refused unless ``overwrite`` (moved aside) or ``resume`` with the journal
+    there (continued in place). A ``resume`` without a journal has nothing to continue: results already
+    there are refused as without it. Returns the files moved aside."""
+    if resume and overwrite:
+        raise OutputError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
+    journal = Path(out) / JOURNAL_NAME
+    hint = f" (--resume: there is no {JOURNAL_NAME} there to resume from)" if resume and not journal.exists() else ""
+    return claim_out_dir(out, (*OUTPUT_NAMES, JOURNAL_NAME), overwrite, "weightformer bench",
+                         keep=resume and journal.is_file(), hint=hint, log=_log)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the sweep the options describe, print its table, write its outputs, and return the exit status."""
     try:
         config = config_from_args(args)
         out = args.out or Path("benchmarks/results") / torch.device(config.device).type
-        check_out_dir(out)
+        claim_sweep_out_dir(out, args.resume, getattr(args, "overwrite", False))
     except ValueError as error:  # a bad setting (SweepConfig) or an output folder that cannot take the results
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -295,7 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from importlib import import_module
 
         return int(import_module(SUITES[argv[0]][0]).main(argv[1:]) or 0)
-    parser = argparse.ArgumentParser(prog="weightformer bench")
+    parser = argparse.ArgumentParser(prog="weightformer bench")  # one-line errors: add_arguments
     add_arguments(parser)
     parser.description = DESCRIPTION + "\n\nOther suites: " + "; ".join(
         f"`weightformer bench {name}` ({text})" for name, (_, text) in SUITES.items())

@@ -39,9 +39,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..engine.cli import run_reporting_errors
+from ..engine.errors import ConfigError
 from .machine import describe, machine_info
 from .memory import MIB, _proc_status_kib, _reset_peak_rss, cuda_peak
-from .report import OutputError, check_out_dir, write_atomic
+from .options import (add_overwrite_argument, check_device, check_number, default_device, number, one_line_error,
+                      strings)
+from .report import claim_out_dir, removed_if_failed, write_atomic
 from .timing import median, time_call
 
 __all__ = ["BACKBONES", "DenseBenchConfig", "build_dense_model", "count_macs", "main", "markdown_table", "run"]
@@ -89,6 +93,19 @@ class DenseBenchConfig:
     max_call_seconds: float = 60.0
     device: str = "cpu"
     memory: bool = True
+
+    def __post_init__(self) -> None:
+        """Every setting checked on creation, as the flags are: a ValueError (ConfigError) naming it."""
+        unknown = [m for m in self.models if m not in BACKBONES]
+        if unknown or not self.models:
+            raise ConfigError(f"unknown or no models {unknown}; choose from {', '.join(BACKBONES)}")
+        if not self.sizes or any(len(s) != 2 or min(s) < 32 for s in self.sizes):
+            raise ConfigError(f"sizes are (height, width) pairs of at least 32 px, got {list(self.sizes)}")
+        if not self.modes or any(m not in (INFER, TRAIN) for m in self.modes):
+            raise ConfigError(f"modes are infer and/or train, got {list(self.modes)}")
+        check_number("repetitions", self.repetitions, 1)
+        check_number("max_call_seconds", self.max_call_seconds, 0, inclusive=False)
+        self.device = check_device(self.device)
 
 
 def build_dense_model(key: str) -> nn.Module:
@@ -260,8 +277,13 @@ def _size(text: str) -> tuple[int, int]:
     return (values[0], values[-1])
 
 
-def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda text: [kind(part) for part in text.split(",") if part]
+def _list(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        values = [kind(part) for part in strings(text)]
+        if not values:
+            raise argparse.ArgumentTypeError(f"no {what} given in {text!r}")
+        return values
+    return parse
 
 
 def _model(text: str) -> str:
@@ -276,40 +298,36 @@ def _mode(text: str) -> str:
     return text
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
-        return value
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``weightformer bench dense``; a bad one is one ``error:`` line and exit status 2."""
-    from .cli import _one_line_error
-
     parser = argparse.ArgumentParser(prog="weightformer bench dense", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.error = _one_line_error(parser)  # type: ignore[method-assign]
+    parser.error = one_line_error(parser)  # type: ignore[method-assign]
     add = parser.add_argument
-    add("--models", type=_list(_model), default=list(BACKBONES), help=f"comma-separated (default: {','.join(BACKBONES)})")
-    add("--sizes", type=_list(_size), default=list(DEFAULT_SIZES), help="comma-separated S or HxW (default: 800x1333,1024,512)")
-    add("--modes", type=_list(_mode), default=[INFER, TRAIN], help="infer, train or both (default: infer,train)")
-    add("--repetitions", type=_positive(int), default=3, help="timed rounds; medians are reported (default: 3)")
-    add("--max-call-seconds", type=_positive(float), default=60.0, help="skip a model whose first call takes longer (default: 60)")
+    add("--models", type=_list(_model, "models"), default=list(BACKBONES),
+        help=f"comma-separated (default: {','.join(BACKBONES)})")
+    add("--sizes", type=_list(_size, "sizes"), default=list(DEFAULT_SIZES),
+        help="comma-separated S or HxW (default: 800x1333,1024,512)")
+    add("--modes", type=_list(_mode, "modes"), default=[INFER, TRAIN],
+        help="infer, train or both (default: infer,train)")
+    add("--repetitions", type=number(1, integer=True), default=3,
+        help="timed rounds; medians are reported (default: 3)")
+    add("--max-call-seconds", type=number(0, inclusive=False), default=60.0,
+        help="skip a model whose first call takes longer (default: 60)")
     add("--no-memory", action="store_true", help="skip the peak-memory measurements")
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N] (default: %(default)s)")
-    add("--out", type=Path, default=None, help="output folder (default: benchmarks/results/<device type>/dense)")
+    add("--device", default=default_device(), help="cpu, cuda, cuda:N or auto (default: %(default)s, here)")
+    add("--out", type=Path, default=None,
+        help=f"output folder (default: benchmarks/results/<device type>/dense); one that already holds "
+             f"{' or '.join(OUTPUT_NAMES)} is refused unless --overwrite")
+    add_overwrite_argument(parser, " and ".join(OUTPUT_NAMES))
     add("--memory-worker", help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``weightformer bench dense``; returns the exit status."""
+    """Entry point of ``weightformer bench dense``; returns the exit status. The device and the output
+    folder are checked before any measurement (the rule of every bench command:
+    :func:`~weightformer.bench.report.claim_out_dir`)."""
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.memory_worker:  # one call in this fresh process: print its peak MiB
@@ -317,30 +335,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(spec["threads"])
         print(_peak_memory_here(spec["key"], spec["mode"], spec["height"], spec["width"], "cpu"))
         return 0
-    device = args.device
-    try:
-        torch.device(device)
-    except RuntimeError:
-        print(f"error: --device {device!r} is not a device; give cpu, cuda or cuda:N", file=sys.stderr)
-        return 2
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but this machine has no CUDA GPU; pass --device cpu", file=sys.stderr)
-        return 2
-    out = args.out or Path("benchmarks/results") / torch.device(device).type / "dense"
-    try:
-        check_out_dir(out, OUTPUT_NAMES)
-    except OutputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    config = DenseBenchConfig(models=args.models, sizes=args.sizes, modes=args.modes, repetitions=args.repetitions,
-                              max_call_seconds=args.max_call_seconds, device=device, memory=not args.no_memory)
-    result = run(config, log=lambda message: print(message, flush=True))
-    table = markdown_table(result)
-    print(table, flush=True)
-    write_atomic(out / "results.json", (json.dumps(result, indent=2) + "\n").encode())
-    write_atomic(out / "results.md", (table + "\n").encode())
-    print(f"wrote {out / 'results.json'} and {out / 'results.md'} in {result['elapsed_s']:.0f} s")
-    return 0
+
+    def bench() -> int:
+        config = DenseBenchConfig(models=args.models, sizes=args.sizes, modes=args.modes, repetitions=args.repetitions,
+                                  max_call_seconds=args.max_call_seconds, device=args.device,
+                                  memory=not args.no_memory)  # checks the device (one line for cuda without a GPU)
+        out = args.out or Path("benchmarks/results") / torch.device(config.device).type / "dense"
+        with removed_if_failed(out):
+            claim_out_dir(out, OUTPUT_NAMES, args.overwrite, "weightformer bench dense",
+                          log=lambda message: print(message, flush=True))
+            result = run(config, log=lambda message: print(message, flush=True))
+            table = markdown_table(result)
+            print(table, flush=True)
+            write_atomic(out / "results.json", (json.dumps(result, indent=2) + "\n").encode())
+            write_atomic(out / "results.md", (table + "\n").encode())
+        print(f"wrote {out / 'results.json'} and {out / 'results.md'} in {result['elapsed_s']:.0f} s")
+        return 0
+
+    return run_reporting_errors(bench)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from ..generation.variants import DIT_VARIANTS, create_dit
 from .journal import write_atomic
 from .machine import describe, machine_info
 from .memory import _proc_status_kib, _reset_peak_rss
+from .options import add_overwrite_argument, check_device, default_device, number, one_line_error
+from .report import claim_out_dir, removed_if_failed
 from .timing import median, round_robin, synchronize, time_call
 
 __all__ = ["benchmark", "main"]
@@ -164,25 +166,38 @@ def _markdown(rows: list[dict[str, Any]], machine: dict[str, Any], args: argpars
     return "\n".join(lines) + "\n"
 
 
+OUTPUT_NAMES = ("dit.json", "dit.md")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="weightformer bench dit", description=__doc__.splitlines()[0])
+    """The options of ``weightformer bench dit``; a bad one (a number that is not finite or out of
+    range included) is one ``error:`` line and exit status 2."""
+    p = argparse.ArgumentParser(prog="weightformer bench dit", description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.error = one_line_error(p)  # type: ignore[method-assign]
     p.add_argument("--models", nargs=2, default=["wf_dit_s_2", "dit_s_2"], metavar=("WF_DIT", "DIT"),
                    help="the two variants compared (default: wf_dit_s_2 dit_s_2)")
-    p.add_argument("--sides", type=int, nargs="+", default=[32, 64, 128, 256],
-                   help="latent sides, 8 px each (default: 32 64 128 256, i.e. 256 to 2048 px)")
-    p.add_argument("--batch", type=int, default=1, help="default: %(default)s")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions per point (default: %(default)s)")
-    p.add_argument("--max-seconds", type=float, default=20.0,
-                   help="stop growing a model once one call takes longer (default: %(default)s)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="default: cuda if present")
+    p.add_argument("--sides", type=number(1, integer=True), nargs="+", default=[32, 64, 128, 256],
+                   help="latent sides, 8 px each, multiples of the patch sizes (default: 32 64 128 256, i.e. 256 "
+                        "to 2048 px)")
+    p.add_argument("--batch", type=number(1, integer=True), default=1, help="default: %(default)s")
+    p.add_argument("--repeats", type=number(1, integer=True), default=3,
+                   help="interleaved repetitions per point (default: %(default)s)")
+    p.add_argument("--max-seconds", type=number(0, inclusive=False), default=20.0,
+                   help="stop growing a model once one call takes longer, seconds > 0 (default: %(default)s)")
+    p.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N or auto (default: %(default)s, here)")
     p.add_argument("--no-memory", action="store_true", help="time only")
-    p.add_argument("--out", default="benchmarks/results/cpu/dit", help="folder for dit.json and dit.md "
-                                                                        "(default: %(default)s)")
+    p.add_argument("--out", default=None,
+                   help=f"folder for {' and '.join(OUTPUT_NAMES)} (default: benchmarks/results/<device type>/dit); "
+                        f"one that already holds them is refused unless --overwrite")
+    add_overwrite_argument(p, " and ".join(OUTPUT_NAMES))
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``weightformer bench dit``; returns the exit status. Every setting, the device and
+    the output folder are checked before any measurement (the rule of every bench command:
+    :func:`~weightformer.bench.report.claim_out_dir`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.memory_worker:
@@ -194,12 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [m for m in args.models if m not in DIT_VARIANTS]
         if unknown:
             raise ConfigError(f"unknown model(s) {unknown}; choose from {', '.join(DIT_VARIANTS)}")
-        bad = [s for s in args.sides if s < 1 or any(s % int(m[-1]) for m in args.models)]
-        if bad or args.batch < 1 or args.repeats < 1:
-            raise ConfigError(f"sides must be multiples of the patch sizes and batch, repeats at least 1 (got sides "
-                              f"{bad or args.sides}, batch {args.batch}, repeats {args.repeats})")
+        if args.models[0] == args.models[1]:
+            raise ConfigError(f"--models names {args.models[0]} twice; pass the two variants to compare")
+        bad = [s for s in args.sides if any(s % int(m[-1]) for m in args.models)]
+        if bad:
+            raise ConfigError(f"--sides must be multiples of the models' patch sizes "
+                              f"({', '.join(sorted({m[-1] for m in args.models}))}), got {bad}")
+        args.device = check_device(args.device)  # one line for cuda without a GPU, as every bench command
+        args.out = args.out or str(Path("benchmarks/results") / torch.device(args.device).type / "dit")
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         machine = machine_info(args.device)
 
         def save(rows: list[dict[str, Any]]) -> None:  # after every side: a long sweep keeps what it measured
@@ -209,8 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_atomic(out / "dit.json", (json.dumps(document, indent=2) + "\n").encode())
             write_atomic(out / "dit.md", _markdown(rows, machine, args, done).encode())
 
-        benchmark(args.models, sorted(args.sides), args.batch, args.repeats, args.max_seconds, args.device,
-                  not args.no_memory, on_side=save)
+        with removed_if_failed(out):
+            claim_out_dir(out, OUTPUT_NAMES, args.overwrite, "weightformer bench dit",
+                          log=lambda message: print(message, flush=True))
+            benchmark(args.models, sorted(set(args.sides)), args.batch, args.repeats, args.max_seconds, args.device,
+                      not args.no_memory, on_side=save)
         print(f"wrote {out / 'dit.json'} and {out / 'dit.md'}")
         return 0
 

@@ -2,7 +2,9 @@
 
 Every file is written whole to a temporary file beside it and renamed over the old one, so a kill
 mid-write leaves the previous file, never half of one. ``check_out_dir`` checks, before a sweep
-starts, that the folder can take them.
+starts, that the folder can take them; ``claim_out_dir`` is the output rule of every bench command
+(``weightformer bench``, ``bench dense``, ``bench dit``), the engine's (:mod:`weightformer.engine.outputs`)
+for a folder that holds a command's named files.
 """
 
 import csv
@@ -11,8 +13,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
+from ..engine.errors import ConfigError
+from ..engine.outputs import move_aside
 from .journal import JOURNAL_NAME, write_atomic
 from .machine import describe
 
@@ -42,8 +47,9 @@ CSV_COLUMNS = [
 ]
 
 
-class OutputError(ValueError):
-    """The output folder cannot take the results (a file in its place, no permission, a read-only place)."""
+class OutputError(ConfigError):
+    """The output folder cannot take the results (a file in its place, no permission, a read-only place,
+    or earlier results there that the command was not asked to move aside): a user's mistake, one line."""
 
 
 def check_out_dir(out_dir: Path, names: Sequence[str] = (*OUTPUT_NAMES, JOURNAL_NAME), flag: str = "--out") -> None:
@@ -66,6 +72,50 @@ def check_out_dir(out_dir: Path, names: Sequence[str] = (*OUTPUT_NAMES, JOURNAL_
         path = out_dir / name
         if path.exists() and (not path.is_file() or not os.access(path, os.W_OK)):
             raise OutputError(f"{flag} {out_dir}: {path} exists and cannot be replaced by a file; move it away")
+
+
+def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command: str, flag: str = "--out",
+                  keep: bool = False, hint: str = "", log: Callable[[str], None] = print) -> List[Path]:
+    """The output rule of every bench command, applied before the work: ``out_dir`` can take the files
+    ``names`` (:func:`check_out_dir`) and holds none of them, unless ``overwrite``: then those there are
+    moved aside (``<name>.previous-<time>``, :func:`weightformer.engine.outputs.move_aside`), never
+    deleted. Other files in the folder (another suite's subfolder, a profile) are never touched.
+    ``keep`` (the sweep's ``--resume`` with its journal there) leaves the files in place, to be continued;
+    ``hint`` ends the refusal's message.
+
+    Returns the new names of the files moved aside, each also told to ``log``; raises :class:`OutputError`
+    (one line) where the folder cannot be used.
+    """
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, names, flag)
+    taken = [out_dir / name for name in names if (out_dir / name).exists()]
+    if not taken or keep:
+        return []
+    if not overwrite:
+        them = "it" if len(taken) == 1 else "them"
+        raise OutputError(f"{flag} {out_dir} already holds {', '.join(p.name for p in taken)}, which {command} "
+                          f"writes; pass --overwrite to move {them} aside (never deleted), or another {flag}{hint}")
+    moved = [move_aside(path) for path in taken]
+    log(f"--overwrite: the earlier {', '.join(p.name for p in taken)} moved aside "
+        f"({', '.join(p.name for p in moved)}, in {out_dir})")
+    return moved
+
+
+@contextmanager
+def removed_if_failed(out_dir: Path) -> Iterator[None]:
+    """A block that makes ``out_dir`` (:func:`claim_out_dir`) and then works: if it fails or is stopped,
+    the folders it made are removed again while they are empty, so a failed run leaves no empty folder."""
+    out_dir = Path(out_dir)
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (results written), or not made after all
+                break
+        raise
 
 
 def write_json(result: Dict[str, Any], path: Path) -> None:

@@ -11,7 +11,6 @@ soon as it is measured, and a resumed sweep takes the points already there inste
 """
 
 import gc
-import math
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from .flops import count_flops
 from .journal import Journal, Key
 from .machine import machine_info
 from .memory import is_oom
+from .options import check_device, check_number  # shared by every bench command (re-exported here)
 from .timing import inference_call, iterations_for, median, round_robin, time_call, training_step
 from .variants import INFER, TRAIN, VARIANTS, Variant, build_variant, get_variant, param_count, random_batch
 
@@ -66,30 +66,6 @@ def check_choices(what: str, values: Sequence[str], allowed: Sequence[str]) -> N
         raise ValueError(f"unknown {what} {given}; choose from {', '.join(allowed)}")
 
 
-def check_number(what: str, value: float, minimum: float, inclusive: bool = True) -> None:
-    """Raise ``ValueError`` unless ``value`` is finite and at least (or above) ``minimum``."""
-    ok = math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
-    if not ok:
-        raise ValueError(f"{what} must be a number {'>=' if inclusive else '>'} {minimum:g}, got {value!r}")
-
-
-def check_device(device: str) -> str:
-    """``device`` if it is cpu, cuda or cuda:N with that GPU present; otherwise ``ValueError`` saying why."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        parsed = None
-    if parsed is None or parsed.type not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked, but no CUDA GPU is visible to torch; use --device cpu")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
-            raise ValueError(f"device {device!r}: there are {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
-    return device
-
-
 @dataclass
 class SweepConfig:
     """What to measure. ``None`` for the train/memory resolutions means every resolution.
@@ -126,7 +102,7 @@ class SweepConfig:
         check_number("repetitions", self.repetitions, 1)
         check_number("min_rep_seconds", self.min_rep_seconds, 0)
         check_number("max_call_seconds", self.max_call_seconds, 0, inclusive=False)
-        check_device(self.device)
+        self.device = check_device(self.device)  # one line for cuda without a GPU; auto becomes cuda or cpu
         check_choices("dtype", [self.dtype], DTYPES)
         if self.threads is not None:
             check_number("threads", self.threads, 1)

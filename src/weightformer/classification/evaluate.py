@@ -3,14 +3,12 @@ training loop calls), or of a checkpoint on a data set (:func:`evaluate_checkpoi
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Mapping, Optional
 
 import torch
 from timm.data import create_transform
 from timm.utils import accuracy
-from tqdm import tqdm
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -20,6 +18,7 @@ from ..data.transforms import eval_data_config
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
+from ..engine.progress import progress
 from ..engine.weights import load_model
 from .model import check_input_size
 
@@ -38,7 +37,8 @@ def evaluate(
     over ``loader``.
 
     Under torch.distributed each rank evaluates its shard and the sums are reduced, so every
-    rank returns the numbers of the whole data set. ``show_progress``: a bar on a terminal.
+    rank returns the numbers of the whole data set. ``show_progress``: a bar on a terminal, plain
+    lines now and then off one (:func:`weightformer.engine.progress.progress`).
     """
     was_training = model.training
     model.eval()
@@ -46,8 +46,7 @@ def evaluate(
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, samples
     start = time.perf_counter()
     main = dist_info is None or dist_info.is_main
-    with tqdm(loader, desc="evaluating", unit="batch", leave=False, dynamic_ncols=True,
-              disable=not (show_progress and main and sys.stdout.isatty())) as bar:
+    with progress(loader, desc="evaluating", unit="batch", enabled=show_progress and main) as bar:
         for images, targets in bar:
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             with autocast(device, amp):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,12 +21,13 @@ from typing import Any
 import torch
 from timm.data import ImageNetInfo, create_transform, infer_imagenet_subset
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from ..data.folder import DECODE_ERRORS, rgb_loader
 from ..engine.weights import LoadedModel
 from ..engine.outputs import output_file
+from ..engine.progress import progress
 from .evaluate import eval_transform_config
+from .model import check_input_size
 
 __all__ = ["EXIT_SKIPPED", "Predictions", "class_names", "predict", "write_predictions"]
 
@@ -92,13 +92,17 @@ def predict(loaded: LoadedModel, files: Sequence[Path], top_k: int = 5, batch_si
     """Top-``top_k`` softmax probabilities of ``loaded``'s classes for each of ``files``, in order."""
     model = loaded.model.to(device).eval()
     names = class_names(loaded)
-    transform = create_transform(**eval_transform_config(model, loaded.meta, img_size), is_training=False)
+    data_config = eval_transform_config(model, loaded.meta, img_size)
+    # An image size the model cannot take (smaller than one patch, say) is one line, before any image is read.
+    check_input_size(model, {"model": loaded.meta["model"], "in_chans": loaded.meta["in_chans"],
+                             "img_size": data_config["input_size"][-1]}, torch.device(device))
+    transform = create_transform(**data_config, is_training=False)
     loader = DataLoader(ImageFiles(files, transform, loaded.meta["in_chans"]), batch_size=batch_size,
                         num_workers=workers, collate_fn=_collate)
     out = Predictions()
     start = time.perf_counter()
     k = min(top_k, len(names))
-    with tqdm(total=len(files), desc="predicting", unit="img", dynamic_ncols=True, file=sys.stderr) as bar:
+    with progress(total=len(files), desc="predicting", unit="img") as bar:
         for images, indices, unreadable in loader:
             out.skipped.extend(str(files[i]) for i in unreadable)
             if indices:

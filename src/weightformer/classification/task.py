@@ -117,7 +117,7 @@ class ClassificationTask(Task):
                        f"{info.num_classes} classes")
         return TaskData(train_set, val_set, description)
 
-    def _model_kwargs(self) -> dict[str, Any]:
+    def model_kwargs(self) -> dict[str, Any]:
         """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
         cfg = self.cfg
         kwargs = dict(cfg.model_kwargs)
@@ -129,7 +129,7 @@ class ClassificationTask(Task):
         cfg, info = self.cfg, self.info
         assert info is not None, "build_data comes first"
         meta = {
-            "task": self.name, "model": cfg.model, "model_kwargs": self._model_kwargs(),
+            "task": self.name, "model": cfg.model, "model_kwargs": self.model_kwargs(),
             "num_classes": info.num_classes, "in_chans": info.in_chans, "img_size": self.img_size, "data": info.name,
             "classes": list(info.classes), "mean": list(info.mean), "std": list(info.std),
             "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": self.eval_config["crop_mode"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,9 +81,16 @@ def rgb_loader(path: str) -> Image.Image:
         return img.convert("RGB")
 
 
-def _progress(show: bool, **kwargs: Any) -> tqdm:
-    """A tqdm bar on a terminal (stderr), shown only if the work outlasts PROGRESS_DELAY_S."""
-    return tqdm(disable=None if show else True, delay=PROGRESS_DELAY_S, dynamic_ncols=True, leave=False, **kwargs)
+def _progress(show: bool, *, total: int, desc: str, unit: str) -> Any:
+    """Progress of a scan on stderr: on a terminal a tqdm bar that appears only if the scan outlasts
+    PROGRESS_DELAY_S; off one :func:`weightformer.engine.progress.progress`'s plain lines (at most one
+    every 30 s, so a short scan prints none); nothing unless ``show``."""
+    from ..engine.progress import progress  # here, not at the top: the engine's package imports this one
+
+    if show and sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, unit=unit, delay=PROGRESS_DELAY_S, dynamic_ncols=True, leave=False,
+                    file=sys.stderr)
+    return progress(total=total, desc=desc, unit=unit, enabled=show)
 
 
 def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
@@ -133,7 +141,8 @@ def scan_split(
 
     Classes are the sorted subfolder names; files are kept if their extension is an image one
     (``.jpg``, ``.png``, ...) and, with ``verify``, if PIL can open them. Every class must keep
-    at least one image. ``progress`` shows tqdm bars on a terminal for a scan that takes a while.
+    at least one image. ``progress`` shows tqdm bars on a terminal for a scan that takes a while, and
+    plain lines now and then off one.
     """
     if not split_dir.is_dir():
         root = split_dir.parent
@@ -228,7 +237,7 @@ def load_image_folder(
     Raises :class:`DataError` for a missing or empty tree, a class folder without images, a
     symlink loop, or splits whose classes differ. ``warn`` is for the process that reports (rank
     0): unreadable files are reported in one :class:`SkippedImagesWarning` line, and a long scan
-    shows progress on a terminal.
+    shows progress (a bar on a terminal, plain lines now and then off one).
     """
     root_path = Path(root).expanduser()
     if not root_path.exists():

@@ -29,7 +29,7 @@ from timm.optim import get_optimizer_class, list_optimizers
 from .errors import ConfigError
 
 __all__ = [
-    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "check_layer", "config_fields", "load_yaml", "load_config_file", "parse_model_kwargs", "resolve_config",
+    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer", "config_fields", "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "resolve_config",
     "scaled_learning_rates", "setting", "validate_config",
 ]
 
@@ -239,12 +239,12 @@ def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], sour
     return {k: _check_value(config_class, k, v) for k, v in values.items()}
 
 
-class _SettingsLoader(yaml.SafeLoader):
+class SettingsLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` (no dot, unsigned exponent allowed) is a
     number, as users write it, not the string YAML 1.1 makes of it."""
 
 
-_SettingsLoader.add_implicit_resolver(
+SettingsLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
                     |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
@@ -256,11 +256,11 @@ _SettingsLoader.add_implicit_resolver(
 
 
 def load_yaml(text: str) -> Any:
-    """YAML text as Python values (safe: plain data only), with YAML 1.2's floats (see :class:`_SettingsLoader`)."""
-    return yaml.load(text, Loader=_SettingsLoader)  # noqa: S506 (a SafeLoader subclass)
+    """YAML text as Python values (safe: plain data only), with YAML 1.2's floats (see :class:`SettingsLoader`)."""
+    return yaml.load(text, Loader=SettingsLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def _yaml_reason(exc: yaml.YAMLError) -> str:
+def yaml_reason(exc: yaml.YAMLError) -> str:
     """One line saying what is wrong with some YAML, and where."""
     problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
     if problem and mark is not None:
@@ -282,7 +282,7 @@ def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]]
     try:
         values = load_yaml(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML ({_yaml_reason(exc)})") from exc
+        raise ConfigError(f"config file {path} is not valid YAML ({yaml_reason(exc)})") from exc
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings, got {type(values).__name__}")
     if config_class is not None:
@@ -309,7 +309,7 @@ def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[s
             kwargs[key.strip()] = load_yaml(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(
-                f"{flag} {item!r}: the value is not valid YAML ({_yaml_reason(exc)}); write e.g. {example}"
+                f"{flag} {item!r}: the value is not valid YAML ({yaml_reason(exc)}); write e.g. {example}"
             ) from exc
     return kwargs
 

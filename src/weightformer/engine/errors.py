@@ -35,7 +35,7 @@ def is_signature_error(exc: TypeError) -> bool:
 @contextmanager
 def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = "") -> Iterator[None]:
     """Build a model inside this block: a builder's refusal of the user's model kwargs (the TypeError of
-    a keyword it does not take, or a ValueError for a value it refuses) becomes one ConfigError line
+    a keyword it does not take, a ValueError or timm's AssertionError for a value it refuses) becomes one ConfigError line
     naming ``what`` and the kwargs; any other TypeError is a bug and keeps its traceback. ``hint``
     adds what the kwargs may hold (e.g. a head's widths)."""
     try:
@@ -45,7 +45,7 @@ def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = ""
             raise
         raise ConfigError(f"{what} does not take the model arguments {dict(kwargs)}: {exc}; check --model-kwargs"
                           f"{hint}") from exc
-    except ValueError as exc:
+    except (ValueError, AssertionError) as exc:  # timm checks some arguments with asserts (num_heads | embed_dim)
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"cannot build {what} with model arguments {dict(kwargs)}: {detail}; check "
                           f"--model-kwargs{hint}") from exc

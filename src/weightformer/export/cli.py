@@ -11,13 +11,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..engine.cli import run_reporting_errors
+from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
 from ..engine.weights import load_model
 from ..engine.outputs import check_not_an_input, check_output
 from .hub import push_to_hub, to_hf
-from .onnx import to_onnx
+from .onnx import check_opset, to_onnx
 from .pt2 import to_pt2
 from .source import run_summary, trained_size
 
@@ -25,7 +25,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="weightformer export",
         description="Export a classifier: --format hf (timm's Hub layout: config.json, model.safetensors, README.md), "
                     "onnx (dynamic batch/height/width, checked in onnxruntime at three sizes) or pt2 "
@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "<out>.previous-<time>, never deleted)")
     p.add_argument("--img-size", type=int, help="side of the example traced for onnx/pt2 (default: the "
                                                 "checkpoint's training size, else the model's pretrained size)")
-    p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument("--opset", type=int, help="ONNX opset, one this torch.onnx writes (18 and up; default: the "
+                                             "exporter's)")
     p.add_argument("--no-check", action="store_true", help="onnx: skip the onnxruntime check at three sizes")
     p.add_argument("--aoti", action="store_true", help="pt2: compile an AOTInductor package (slow to build)")
     p.add_argument("--push-to-hub", metavar="ORG/NAME", help="hf: also upload the folder to this Hub repository")
@@ -64,6 +65,15 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--aoti builds a .pt2 package; use it with --format pt2")
     if args.img_size is not None and args.img_size < 1:
         raise ConfigError(f"--img-size must be a positive number of pixels, got {args.img_size}")
+    if args.opset is not None and args.format != "onnx":
+        raise ConfigError("--opset is the ONNX opset; use it with --format onnx")
+    if args.no_check and args.format != "onnx":
+        raise ConfigError("--no-check skips the onnxruntime check of an ONNX file; use it with --format onnx")
+    if args.img_size is not None and args.format == "hf":
+        raise ConfigError("--img-size is the side of the example that onnx and pt2 trace; the hf format traces "
+                          "nothing (its config.json records the training size), so drop it")
+    if args.format == "onnx":
+        check_opset(args.opset)
     check_not_an_input(Path(args.out), [args.checkpoint])
     check_output(Path(args.out), args.overwrite, folder=args.format == "hf")  # before the work
 

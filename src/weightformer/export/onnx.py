@@ -15,9 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..engine.errors import ConfigError
 from ..engine.outputs import output_file
+from .sizes import check_export_sizes
 
-__all__ = ["DYNAMIC_AXES", "check_onnx", "to_onnx"]
+__all__ = ["DYNAMIC_AXES", "check_onnx", "check_opset", "onnx_opsets", "to_onnx"]
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 DYNAMIC_AXES = {0: "batch", 2: "height", 3: "width"}
@@ -26,6 +28,43 @@ DYNAMIC_AXES = {0: "batch", 2: "height", 3: "width"}
 def _example(in_chans: int, size: Sequence[int], batch: int = 2) -> torch.Tensor:
     # Batch 2, not 1: tracers specialise sizes 0 and 1, which would fix the batch.
     return torch.randn(batch, in_chans, *size, generator=torch.Generator().manual_seed(0))
+
+
+def onnx_opsets() -> range:
+    """The ONNX opsets this torch.onnx can write, read off the installed libraries.
+
+    The dynamo exporter implements its operators at torchlib's opset (18) and reaches any other
+    through onnxscript's version converter, which it calls with a fallback that, outside the
+    converter's range, keeps the file at the exporter's own opset (asked for 1, it writes 18) or
+    writes operators the opset lacks. So: torchlib's opset up to the converter's maximum (and
+    ONNX's own).
+    """
+    import onnx.defs
+    from torch.onnx._internal.exporter import _constants
+
+    low = int(_constants.TORCHLIB_OPSET)
+    try:
+        from onnxscript.version_converter._version_converter import SUPPORTED_MAX_ONNX_OPSET as high
+    except ImportError:  # another onnxscript layout: torch's own bound
+        from torch.onnx._constants import ONNX_MAX_OPSET as high
+    return range(low, min(int(high), onnx.defs.onnx_opset_version()) + 1)
+
+
+def check_opset(opset: int | None) -> None:
+    """ConfigError unless ``opset`` is None (the exporter's default) or one :func:`onnx_opsets` writes."""
+    if opset is None:
+        return
+    opsets = onnx_opsets()
+    if opset not in opsets:
+        raise ConfigError(f"--opset {opset}: this torch.onnx writes ONNX opsets {opsets.start} to {opsets.stop - 1}; "
+                          f"pass one of them, or leave --opset out for the exporter's default")
+
+
+def _written_opset(path: Path) -> int | None:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
 
 
 def check_sizes(size: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -52,10 +91,15 @@ def to_onnx(
     is 2 × ``img_size``; with ``check``, onnxruntime then runs the file at that size and at the
     (batch, height, width) of ``check_at`` (default :func:`check_sizes`), and the export fails unless
     every output is within ``atol`` of PyTorch's. Returns the largest difference at each size.
-    The file is written atomically and never over an existing one unless ``overwrite``.
+    The file is written atomically and never over an existing one unless ``overwrite``. An ``opset``
+    outside :func:`onnx_opsets`, or an ``img_size`` the export cannot trace at
+    (:func:`weightformer.export.sizes.check_export_sizes`), is a ConfigError before any tracing.
     """
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    check_opset(opset)
+    sizes = [tuple(s) for s in (check_at or check_sizes(size))]
     model = model.eval()
+    check_export_sizes(model, in_chans, size, sizes)
     example = _example(in_chans, size)
     with output_file(Path(path), overwrite) as tmp:
         with warnings.catch_warnings(), torch.no_grad():
@@ -66,7 +110,11 @@ def to_onnx(
                 dynamic_shapes={"x": DYNAMIC_AXES} if _forward_arg(model) == "x" else (DYNAMIC_AXES,),
                 verbose=False,
             )
-        diffs = check_onnx(tmp, model, in_chans, check_at or check_sizes(size), atol) if check else {}
+        written = _written_opset(tmp) if opset is not None else None
+        if opset is not None and written != opset:  # the converter gave up and kept its own opset
+            raise ConfigError(f"--opset {opset}: the exporter could not convert this model to opset {opset} and "
+                              f"wrote opset {written}; pass --opset {written}, or leave --opset out")
+        diffs = check_onnx(tmp, model, in_chans, sizes, atol) if check else {}
     return diffs
 
 

@@ -11,15 +11,19 @@ from torch import nn
 from torch.export import Dim
 
 from ..engine.outputs import output_file
-from .onnx import _example
+from .onnx import _example, check_sizes
+from .sizes import check_export_sizes
 
 __all__ = ["export_program", "load_pt2", "to_pt2"]
 
 
 def export_program(model: nn.Module, in_chans: int = 3, img_size: int | Sequence[int] = 224) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model`` in eval mode, traced at 2 × ``img_size`` with batch, height and width
-    left symbolic (``Dim.AUTO``: the ranges the model's own checks allow, e.g. at least 2×2 tokens)."""
+    left symbolic (``Dim.AUTO``: the ranges the model's own checks allow, e.g. at least 2×2 tokens).
+    An ``img_size`` it cannot be traced at (:func:`weightformer.export.sizes.check_export_sizes`: under
+    one patch, a tiny token grid, or a model that takes no other size) is a ConfigError first."""
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    check_export_sizes(model, in_chans, size, check_sizes(size)[1:])
     with torch.no_grad():
         return torch.export.export(model.eval(), (_example(in_chans, size),),
                                    dynamic_shapes=({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},))

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from tqdm.auto import tqdm
+
+from ..engine.progress import progress as progress_lines
 
 __all__ = ["INCEPTION_FILE", "Judge", "frechet_distance", "inception_metrics", "judge_metrics", "train_judge"]
 
@@ -90,7 +91,7 @@ def train_judge(images: np.ndarray, labels: np.ndarray, num_classes: int, seed: 
     optimizer = torch.optim.AdamW(judge.parameters(), lr=JUDGE_LR)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, JUDGE_LR, total_steps=JUDGE_EPOCHS * steps_per_epoch)
     judge.train()
-    for _ in tqdm(range(JUDGE_EPOCHS), desc="training the judge", disable=not progress, leave=False):
+    for _ in progress_lines(range(JUDGE_EPOCHS), desc="training the judge", unit="epoch", enabled=progress):
         for batch in torch.randperm(len(x), generator=generator).split(JUDGE_BATCH):
             loss = F.cross_entropy(judge(_random_shift(x[batch], JUDGE_SHIFT, generator)), y[batch])
             optimizer.zero_grad()

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
-from tqdm.auto import tqdm
 
 from ..data.errors import DataError
 from ..engine.errors import ConfigError
+from ..engine.progress import progress as progress_lines
 
 __all__ = ["decode", "encode_split", "load_vae", "vae_downsampling", "vae_scale_factor"]
 
@@ -70,7 +70,7 @@ def encode_split(vae: nn.Module, images: Dataset, cache_dir: Path | None, key: s
     generator = torch.Generator(device).manual_seed(seed)
     latents, labels = [], []
     loader = DataLoader(images, batch_size=batch_size, shuffle=False)
-    for x, y in tqdm(loader, desc="encoding latents", disable=not progress, leave=False):
+    for x, y in progress_lines(loader, desc="encoding latents", unit="batch", enabled=progress):
         x = _fit_channels(x.to(device), vae.config.in_channels)
         z = vae.encode(x).latent_dist.sample(generator) * scale
         latents.append(z.float().cpu())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from ..engine.progress import progress as progress_lines
 from .diffusion import GaussianDiffusion, respaced_timesteps
 from .model import WeightFormerDiT
 
@@ -44,7 +44,8 @@ def sample(model: WeightFormerDiT, diffusion: GaussianDiffusion, labels: Tensor,
     x = torch.randn(shape, generator=generator, device=param.device, dtype=param.dtype)
     timesteps = respaced_timesteps(diffusion.num_timesteps, steps)
     scheduler = diffusion.ddpm_scheduler(timesteps, clip) if sampler == "ddpm" else None
-    for i, t in enumerate(tqdm(timesteps, desc=f"{sampler} {steps} steps", disable=not progress, leave=False)):
+    steps_shown = progress_lines(timesteps, desc=f"{sampler} {steps} steps", unit="step", enabled=progress)
+    for i, t in enumerate(steps_shown):
         out = _guided_output(model, x, t, labels, cfg_scale, guidance)
         if scheduler is not None:
             x = scheduler.step(out, t, x, generator=generator).prev_sample

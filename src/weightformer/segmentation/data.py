@@ -13,7 +13,11 @@ giving its ``num_classes`` and whether 0 is a class.
 Opening a split pairs every image with its annotation and, with ``verify``, compares their sizes
 from the file headers; a mismatch is a :class:`DataError` before training starts. Label values are
 checked as each annotation is decoded, so a bad file stops the run with a one-line DataError naming
-it and the fix, never a traceback from deep inside the loss.
+it and the fix, never a traceback from deep inside the loss. A split whose annotations hold no
+labelled pixel at all (every pixel 255, or 0 and 255 with reduce-zero-label) is a DataError when it
+opens (:func:`check_labelled`): training on it would sit at loss 0 without a word, and evaluating it
+would score nothing. That check reads :data:`LABEL_SAMPLE` annotations spread over the split, and
+the rest only when none of those holds a labelled pixel.
 
 The number of classes, when not given, is the data's (:func:`folder_classes`): the rows of ADE20K's
 ``objectInfo150.txt``, else the largest label value in the annotations (read once, for folders of up
@@ -45,8 +49,8 @@ from .synthetic import SHAPES_CLASSES, SHAPES_NAME, shapes_root
 
 __all__ = [
     "ADE_CLASSES", "ADE_FOLDER", "IGNORE_INDEX", "SPLITS", "EvalTransform", "FolderClasses", "SegmentationBatch",
-    "SegmentationFolder", "TrainTransform", "class_names", "collate_segmentation", "find_root", "folder_classes", "read_label",
-    "reduce_zero_label", "scan_pairs",
+    "SegmentationFolder", "TrainTransform", "check_labelled", "class_names", "collate_segmentation", "find_root",
+    "folder_classes", "read_label", "reduce_zero_label", "scan_pairs",
 ]
 
 SPLITS = ("training", "validation")
@@ -59,6 +63,8 @@ ADE_FOLDER = "ADEChallengeData2016"  # ADE20K's scene-parsing release: its zip's
 ADE_CLASS_FILE = "objectInfo150.txt"  # in it: Idx, Ratio, Train, Val, Name per class, tab-separated
 ADE_CLASSES = 150  # classes of a folder too large to count them in
 SCAN_LIMIT = 5000  # annotations read for the class count at most (about 1 ms each)
+LABEL_SAMPLE = 16  # annotations read when a split opens, to find a labelled pixel (check_labelled)
+LABEL_CHUNK = 64  # annotations read at a time when the sample held none
 
 
 # --------------------------------------------------------------------------------------------------
@@ -263,6 +269,45 @@ def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
     return label
 
 
+def _labelled(path: str, reduce_zero: bool) -> tuple[bool, bool]:
+    """Whether annotation ``path`` holds a pixel that is not ignored, and whether it holds a 0."""
+    raw = _label_pixels(path)
+    zero = raw == 0
+    ignored = (raw == IGNORE_INDEX) | zero if reduce_zero else raw == IGNORE_INDEX
+    return not bool(ignored.all()), bool(zero.any())
+
+
+def check_labelled(pairs: Sequence[tuple[str, str]], split: str, reduce_zero: bool) -> None:
+    """A one-line :class:`DataError` if no annotation of ``pairs`` (one split's, from :func:`scan_pairs`)
+    holds a pixel that is not ignored. Reads :data:`LABEL_SAMPLE` annotations spread over the split
+    first (a data set of any size opens in milliseconds), then, only if none of them holds one, the
+    others until one does. Label values are not checked here: that happens as each is decoded."""
+    labels = [label for _, label in pairs]
+    if not labels:
+        return
+    sample = sorted({round(i * (len(labels) - 1) / max(1, LABEL_SAMPLE - 1)) for i in range(LABEL_SAMPLE)})
+    chosen = set(sample)
+    rest = [label for i, label in enumerate(labels) if i not in chosen]
+    batches = [[labels[i] for i in sample]] + [rest[i:i + LABEL_CHUNK] for i in range(0, len(rest), LABEL_CHUNK)]
+    zeros = False
+    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+        for batch in batches:
+            for labelled, zero in pool.map(lambda path: _labelled(path, reduce_zero), batch):
+                if labelled:
+                    return
+                zeros = zeros or zero
+    folder = Path(labels[0]).parent
+    if reduce_zero and zeros:
+        every = "0 or 255, both ignored with reduce-zero-label (0 means unlabelled)"
+        fix = "pass --no-reduce-zero-label if 0 is a class of this data set, or check how the annotations were made"
+    else:
+        every = f"{IGNORE_INDEX}, the ignore index"
+        fix = "the annotations must hold class indices: check how they were made"
+    outcome = "training would learn nothing at a loss of 0" if split == "training" else "there is nothing to score"
+    raise DataError(f"none of the {len(labels)} annotations in {folder} holds a labelled pixel: every pixel is "
+                    f"{every}, so {outcome}; {fix}")
+
+
 # --------------------------------------------------------------------------------------------------
 # Joint transforms: image (3, H, W) uint8 and label (H, W) int64 -> normalised image and label
 # --------------------------------------------------------------------------------------------------
@@ -425,6 +470,7 @@ class SegmentationFolder(Dataset):
                 f"--num-classes {num_classes} must be in [1, {IGNORE_INDEX}]: label {IGNORE_INDEX} is ignored"
             )
         self.pairs = scan_pairs(root, split)
+        check_labelled(self.pairs, split, reduce_zero_label)  # milliseconds: a sample of the annotations
         self.reduce_zero_label = reduce_zero_label
         self.num_classes = num_classes
         self.transform = transform

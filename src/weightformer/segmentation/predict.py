@@ -9,7 +9,6 @@ can be scored as one. Its palette colours each class; the overlay blends those c
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
@@ -20,12 +19,12 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from ..data.errors import DataError
 from ..data.images import image_paths, read_image
 from ..engine.errors import ConfigError
 from ..engine.outputs import check_not_an_input, move_aside
+from ..engine.progress import progress
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
 from .evaluation import eval_transform, load_segmenter
@@ -122,7 +121,7 @@ def predict(
     transform = eval_transform(meta["img_size"])
     colours = palette(meta["num_classes"], meta.get("classes"))
     written = []
-    for path in tqdm(files, desc="predicting", unit="img", file=sys.stderr, disable=None):
+    for path in progress(files, desc="predicting", unit="img"):
         image = read_image(path)
         classes = predict_image(loaded.model, image, transform, target, settings["seg_inference"],
                                 settings["seg_crop"], settings["seg_stride"])
