@@ -211,3 +211,22 @@ def test_a_signal_stops_an_ablation_with_its_own_exit_code(tmp_path: Path, monke
     monkeypatch.setattr("weightformer.engine.train", lambda *args, **kwargs: Stopped())
     assert ablate.main([str(grid)]) == 143
     assert "stopped by SIGTERM" in capsys.readouterr().err
+
+
+def test_det_eval_checks_its_visualize_folder_before_the_evaluation(tmp_path: Path, capsys, monkeypatch):
+    from weightformer.detection import evaluation
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking --out"))
+    assert main(["det", "eval", "--checkpoint", str(LEGACY / "det" / "best.pt"), "--workers", "0",
+                 "--visualize", "2", "--out", str(blocker / "vis")]) == 2
+    assert "--out" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("task", ["cls", "det", "seg", "gen"])
+def test_init_help_promises_nothing_a_task_refuses(task: str, capsys):
+    with pytest.raises(SystemExit):
+        main([task, "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--init PATH" in text and "starts fresh" not in text
