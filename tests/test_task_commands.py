@@ -66,3 +66,15 @@ def test_the_root_command_dispatches_and_refuses_a_typo_in_one_line(capsys):
     assert all(name in out for name in ("train", "eval", "predict", "det", "seg", "gen", "cls", "export", "bench"))
     assert main(["trian"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "weightformer: error: unknown command 'trian'"
+
+
+def test_the_wrong_task_message_names_a_command_that_works_for_that_checkpoint(capsys):
+    from pathlib import Path
+
+    legacy = Path(__file__).resolve().parent / "data" / "legacy_checkpoints"
+    assert main(["eval", "--checkpoint", str(legacy / "gen" / "best.pt")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    suggested = line.split("(e.g. ")[1].rstrip(")").split()
+    assert suggested[:3] == ["weightformer", "gen", "sample"]  # gen eval takes samples, not a checkpoint
+    args = build_parser(get_task("generation")).parse_args(suggested[2:])  # the command it names parses
+    assert args.checkpoint == str(legacy / "gen" / "best.pt")

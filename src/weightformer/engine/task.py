@@ -205,9 +205,11 @@ class Task(ABC):
     def summary(self, metrics: dict[str, Any]) -> str:
         """One line of the main metrics, as printed after each epoch."""
 
-    def next_command(self, checkpoint: Path) -> str:
-        """The command a finished run suggests, for its best (else last) checkpoint."""
-        return f"{self.command()} eval --checkpoint {checkpoint}"
+    @classmethod
+    def next_command(cls, checkpoint: Path) -> str:
+        """What to run on a checkpoint of this task: what a finished run suggests for its best (else last)
+        checkpoint, and what the wrong-task message of another task's command points to."""
+        return f"{cls.command()} eval --checkpoint {checkpoint}"
 
     def format_score(self, value: float) -> str:
         """The best metric's value as the run's last lines print it."""

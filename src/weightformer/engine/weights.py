@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -224,6 +225,12 @@ class LoadedModel:
     checkpoint: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
+def _file_of(source: str) -> str:
+    """The file a checkpoint's ``source`` names: the path itself, or the path after ``--resume``/``--init``."""
+    flag, _, rest = source.partition(" ")
+    return rest if flag in ("--resume", "--init") and rest else source
+
+
 def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = None) -> Any:
     """The Task subclass of an already-read ``checkpoint``, checked against ``expected`` (a Task
     subclass, or None for any). Weights that name no task belong to ``expected``, else to the default
@@ -234,7 +241,7 @@ def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = 
     task = get_task(named)
     if expected is not None and task is not expected and task.name != expected.name:
         raise CheckpointError(f"{source} is a {task.name} checkpoint, not a {expected.name} one; use it with "
-                              f"{task.command()} (e.g. {task.command()} eval --checkpoint {source})")
+                              f"{task.command()} (e.g. {task.next_command(Path(_file_of(source)))})")
     return task
 
 

@@ -75,9 +75,10 @@ class GenerationTask(Task):
 
         return COMMANDS
 
-    def next_command(self, checkpoint: Path) -> str:
+    @classmethod
+    def next_command(cls, checkpoint: Path) -> str:
         """Sampling comes first: ``gen eval`` scores a folder of samples."""
-        return f"{self.command()} sample --checkpoint {checkpoint} --out {checkpoint.parent / 'samples'}"
+        return f"{cls.command()} sample --checkpoint {checkpoint} --out {Path(checkpoint).parent / 'samples'}"
 
     def __init__(self, cfg: GenerationConfig):
         super().__init__(cfg)
