@@ -45,7 +45,8 @@ from .machine import describe, machine_info
 from .memory import MIB, _proc_status_kib, _reset_peak_rss, cuda_peak
 from .options import (add_overwrite_argument, check_device, check_number, default_device, number, one_line_error,
                       strings)
-from .report import claim_out_dir, removed_if_failed, write_atomic
+from ..engine.outputs import removed_if_failed
+from .report import claim_out_dir, write_atomic
 from .timing import median, time_call
 
 __all__ = ["BACKBONES", "DenseBenchConfig", "build_dense_model", "count_macs", "main", "markdown_table", "run"]

@@ -29,7 +29,8 @@ from .journal import write_atomic
 from .machine import describe, machine_info
 from .memory import _proc_status_kib, _reset_peak_rss
 from .options import add_overwrite_argument, check_device, default_device, number, one_line_error
-from .report import claim_out_dir, removed_if_failed
+from ..engine.outputs import removed_if_failed
+from .report import claim_out_dir
 from .timing import median, round_robin, synchronize, time_call
 
 __all__ = ["benchmark", "main"]

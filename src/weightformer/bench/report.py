@@ -13,11 +13,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..engine.errors import ConfigError
-from ..engine.outputs import move_aside
+from ..engine.outputs import claim_outputs
 from .journal import JOURNAL_NAME, write_atomic
 from .machine import describe
 
@@ -88,34 +87,15 @@ def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command:
     """
     out_dir = Path(out_dir)
     check_out_dir(out_dir, names, flag)
-    taken = [out_dir / name for name in names if (out_dir / name).exists()]
-    if not taken or keep:
+    if keep:
         return []
-    if not overwrite:
-        them = "it" if len(taken) == 1 else "them"
-        raise OutputError(f"{flag} {out_dir} already holds {', '.join(p.name for p in taken)}, which {command} "
-                          f"writes; pass --overwrite to move {them} aside (never deleted), or another {flag}{hint}")
-    moved = [move_aside(path) for path in taken]
-    log(f"--overwrite: the earlier {', '.join(p.name for p in taken)} moved aside "
-        f"({', '.join(p.name for p in moved)}, in {out_dir})")
-    return moved
-
-
-@contextmanager
-def removed_if_failed(out_dir: Path) -> Iterator[None]:
-    """A block that makes ``out_dir`` (:func:`claim_out_dir`) and then works: if it fails or is stopped,
-    the folders it made are removed again while they are empty, so a failed run leaves no empty folder."""
-    out_dir = Path(out_dir)
-    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # deepest first
     try:
-        yield
-    except BaseException:
-        for folder in made:
-            try:
-                folder.rmdir()
-            except OSError:  # not empty (results written), or not made after all
-                break
-        raise
+        moved = claim_outputs([out_dir / name for name in names], overwrite, command, flag, hint=hint)
+    except ConfigError as exc:
+        raise OutputError(str(exc)) from None
+    if moved:
+        log(f"--overwrite: the earlier results moved aside ({', '.join(p.name for p in moved)}, in {out_dir})")
+    return moved
 
 
 def write_json(result: Dict[str, Any], path: Path) -> None:

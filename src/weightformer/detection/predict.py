@@ -14,7 +14,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from ..data.images import image_paths, read_image
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
-from ..engine.outputs import check_not_an_input, move_aside
+from ..engine.outputs import claim_outputs
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
 from .visualize import draw_detections
@@ -33,14 +33,7 @@ def _check_out(out: Path, files: Sequence[Path], overwrite: bool) -> None:
     ``overwrite`` (then they are moved aside, never deleted); no output replaces an input image."""
     check_writable_folder(out, "--out")
     outputs = [out / DETECTIONS_FILE, *(_drawn_path(out, i, f) for i, f in enumerate(files))]
-    for output in outputs:
-        check_not_an_input(output, files)
-    taken = [p for p in outputs if p.exists()]
-    if taken and not overwrite:
-        raise ConfigError(f"--out {out} already holds {taken[0].name}{f' and {len(taken) - 1} more' if len(taken) > 1 else ''}"
-                          f" of the files predict writes; pass --overwrite to move them aside, or another --out")
-    for path in taken:
-        move_aside(path)
+    claim_outputs(outputs, overwrite, "weightformer det predict", inputs=files)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ import os
 import random
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -45,6 +46,7 @@ from .distributed import (
 )
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 from .device import autocast
+from .outputs import removed_if_failed
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, start_run_folder
 from .signals import StopFlag
@@ -285,10 +287,10 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
     # A run that found no checkpoint under --resume auto may start over the files of one that never saved.
     overwrite = cfg.overwrite or (cfg.resume == "auto" and ckpt is None)
-    made_folder = not output.exists()
-    check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
-    _setup_determinism(cfg, dist_info)
-    try:
+    # A run that never starts leaves no empty folder behind (the main process made it, and removes it).
+    with removed_if_failed(output) if dist_info.is_main else nullcontext():
+        check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
+        _setup_determinism(cfg, dist_info)
         data = build_data(cfg, task, dist_info)
         training = build_training(cfg, task, data, dist_info)
         if ckpt is not None:
@@ -297,10 +299,6 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
             state = RunState()
             if cfg.init is not None:
                 init_from_weights(task, training, cfg.init, dist_info)
-    except BaseException:  # a run that never started leaves no empty folder behind
-        if made_folder and dist_info.is_main and output.is_dir() and not any(output.iterdir()):
-            output.rmdir()
-        raise
     if cfg.compile:
         training.train_model = torch.compile(training.train_model, dynamic=True)
     if dist_info.distributed:

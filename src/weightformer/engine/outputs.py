@@ -9,14 +9,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import ConfigError
 from .run_dir import check_writable_file, check_writable_folder
 
-__all__ = ["check_not_an_input", "check_output", "move_aside", "output_file", "output_folder"]
+__all__ = ["check_not_an_input", "check_output", "claim_outputs", "move_aside", "output_file", "output_folder",
+           "removed_if_failed"]
 
 
 def check_output(path: Path, overwrite: bool, folder: bool, flag: str = "--out") -> None:
@@ -89,3 +90,39 @@ def output_folder(path: Path, overwrite: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def claim_outputs(paths: Sequence[Path], overwrite: bool, command: str, flag: str = "--out",
+                  inputs: "Sequence[str | os.PathLike]" = (), hint: str = "") -> list[Path]:
+    """The output rule for a command that writes named files into a folder, applied before the work: none
+    of ``paths`` is one of ``inputs`` (:func:`check_not_an_input`), and none exists unless ``overwrite``;
+    then those there are moved aside (:func:`move_aside`), never deleted, and their new names returned.
+    Other files in the folder are never touched. ``hint`` ends the refusal's message."""
+    for path in paths:
+        check_not_an_input(path, list(inputs), flag)
+    taken = [Path(p) for p in paths if Path(p).exists()]
+    if not taken:
+        return []
+    if not overwrite:
+        shown = ", ".join(p.name for p in taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        them = "it" if len(taken) == 1 else "them"
+        raise ConfigError(f"{flag} {taken[0].parent} already holds {shown}, which {command} writes; pass --overwrite "
+                          f"to move {them} aside (never deleted), or another {flag}{hint}")
+    return [move_aside(path) for path in taken]
+
+
+@contextmanager
+def removed_if_failed(folder: Path) -> Iterator[None]:
+    """A block that makes ``folder`` (and its missing parents) and then works: if it fails or is stopped,
+    the folders it made are removed again while they are empty, so a failed command leaves no empty folder."""
+    folder = Path(folder)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for path in made:
+            try:
+                path.rmdir()
+            except OSError:  # not empty (results written), or not made after all
+                break
+        raise

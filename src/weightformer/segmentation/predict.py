@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..data.errors import DataError
 from ..data.images import image_paths, read_image
 from ..engine.errors import ConfigError
-from ..engine.outputs import check_not_an_input, move_aside
+from ..engine.outputs import claim_outputs
 from ..engine.progress import progress
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
@@ -107,15 +107,7 @@ def predict(
     check_writable_folder(out, "--out")
     files = image_files(images)
     outputs = [out / f"{path.stem}{end}" for path in files for end in (".png", "_overlay.png")]
-    for output in outputs:
-        check_not_an_input(output, files)
-    taken = [p for p in outputs if p.exists()]
-    if taken and not overwrite:
-        raise ConfigError(f"--out {out} already holds {taken[0].name}"
-                          f"{f' and {len(taken) - 1} more' if len(taken) > 1 else ''} of the files predict writes; "
-                          f"pass --overwrite to move them aside, or another --out")
-    for path in taken:
-        move_aside(path)
+    claim_outputs(outputs, overwrite, "weightformer seg predict", inputs=files)
     loaded, settings = load_segmenter(checkpoint, use_ema, device, inference, crop, stride)
     meta, target = loaded.meta, next(loaded.model.parameters()).device
     transform = eval_transform(meta["img_size"])
