@@ -8,15 +8,14 @@ that takes hundreds of steps in a few dozen epochs, with the augmentation small 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from PIL import Image
 
 from ..data import BUILTIN_DATASETS
 from ..data.folder import IMG_EXTENSIONS
+from ..data.images import image_sizes
 from ..engine.recipes import Recipe, RecipeChoice, count_files
 
 __all__ = ["FINE_TUNE", "FULL_SCALE_IMAGES", "IMAGENET", "RECIPES", "SMALL_DATA", "choose_recipe", "offline_recipe"]
@@ -49,18 +48,7 @@ _SIDES_SAMPLED = 32  # image headers read to find a folder's typical side
 
 def typical_side(folder: Path) -> int | None:
     """The median shorter side of the first few images under ``folder`` (headers only), or None."""
-    sides = []
-    for dirpath, _, names in sorted(os.walk(folder)):
-        for name in sorted(names):
-            if not name.lower().endswith(IMG_EXTENSIONS):
-                continue
-            try:
-                with Image.open(os.path.join(dirpath, name)) as image:  # reads the header, not the pixels
-                    sides.append(min(image.size))
-            except (OSError, ValueError, SyntaxError):
-                continue  # an unreadable file: the data scan reports it
-            if len(sides) == _SIDES_SAMPLED:
-                return int(np.median(sides))
+    sides = [min(size) for size in image_sizes(folder, _SIDES_SAMPLED)]
     return int(np.median(sides)) if sides else None
 
 

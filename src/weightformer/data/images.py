@@ -1,8 +1,10 @@
-"""Image files named on a command line: the one expander of paths and the one reader, for every
-task's ``predict``."""
+"""Image files: the one expander of paths named on a command line and the one reader, for every task's
+``predict``; and the one look at a folder's image sizes (headers only), for the recipes that size a run
+to a user's images."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -11,7 +13,7 @@ from PIL import Image
 from .errors import DataError
 from .folder import DECODE_ERRORS, IMG_EXTENSIONS, list_images, rgb_loader
 
-__all__ = ["image_paths", "read_image"]
+__all__ = ["image_paths", "image_sizes", "read_image"]
 
 
 def image_paths(paths: Sequence[str | Path]) -> list[Path]:
@@ -40,3 +42,22 @@ def read_image(path: str | Path) -> Image.Image:
         return image
     except DECODE_ERRORS as exc:
         raise DataError(f"cannot read image {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
+
+
+def image_sizes(folder: str | Path, limit: int, extensions: Sequence[str] = IMG_EXTENSIONS) -> list[tuple[int, int]]:
+    """The (width, height) of the first ``limit`` readable images under ``folder`` (sub-folders and files
+    in name order), read from their headers, not their pixels: cheap before a data set is loaded.
+    Unreadable files are passed over (the data scan reports them)."""
+    suffixes = tuple(e.lower() for e in extensions)
+    sizes: list[tuple[int, int]] = []
+    for dirpath, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(n for n in names if n.lower().endswith(suffixes)):
+            try:
+                with Image.open(os.path.join(dirpath, name)) as image:
+                    sizes.append(image.size)
+            except DECODE_ERRORS:
+                continue
+            if len(sizes) == limit:
+                return sizes
+    return sizes

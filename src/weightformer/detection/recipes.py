@@ -11,14 +11,13 @@ regularisation, on the ``--init`` backbone as it is.
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from ..data.images import image_sizes
 from ..engine.recipes import Recipe, RecipeChoice, count_files
 from . import synthetic
 from .data import find_split
@@ -86,19 +85,7 @@ def image_side(image_dir: Path, sample: int = SIZE_SAMPLE) -> Optional[int]:
     """The median long side of the first ``sample`` images under ``image_dir`` (in name order), rounded
     to a multiple of :data:`SIDE_STEP` and kept in :data:`SIDE_RANGE`; None if none can be read. Only
     the file headers are read."""
-    sides: list[int] = []
-    for folder, dirs, names in os.walk(image_dir):
-        dirs.sort()
-        for name in sorted(n for n in names if n.lower().endswith(IMG_EXTENSIONS)):
-            try:
-                with Image.open(Path(folder) / name) as image:
-                    sides.append(max(image.size))
-            except (OSError, ValueError, SyntaxError):  # an unreadable file: the data check names it later
-                continue
-            if len(sides) == sample:
-                break
-        if len(sides) == sample:
-            break
+    sides = [max(size) for size in image_sizes(image_dir, sample)]
     if not sides:
         return None
     side = SIDE_STEP * round(statistics.median(sides) / SIDE_STEP)

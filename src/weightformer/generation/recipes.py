@@ -14,15 +14,13 @@ up to 2,000 images is decoded in the training process (its epochs are short) and
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
-from PIL import Image
-
 from ..data import BUILTIN_DATASETS
 from ..data.folder import IMG_EXTENSIONS
+from ..data.images import image_sizes
 from ..engine.recipes import Recipe, RecipeChoice, count_files
 
 __all__ = ["DIT", "FULL_SCALE_IMAGES", "OFFLINE_STEPS", "OFFLINE_VALUES", "RECIPES", "SMALL_DATA", "SMALL_EPOCHS",
@@ -78,19 +76,7 @@ def _image_side(train: Path, vae: bool) -> tuple[int | None, int]:
     readable; the img_size for it): that side rounded down to a multiple of 4 (patch 4 tiles it), 16 to
     64 px; with a VAE a multiple of 32 from 64 to 256 px (its latents, 8x smaller, still give patch 4 a
     grid). 32 px when no image is readable."""
-    sides: list[int] = []
-    for folder, dirs, names in os.walk(train):
-        dirs.sort()
-        for name in sorted(n for n in names if n.lower().endswith(IMG_EXTENSIONS)):
-            try:
-                with Image.open(Path(folder) / name) as image:  # reads the header only
-                    sides.append(min(image.size))
-            except (OSError, ValueError, Image.DecompressionBombError):
-                continue  # an unreadable file: the data scan reports it
-            if len(sides) == SIZE_SAMPLE:
-                break
-        if len(sides) == SIZE_SAMPLE:
-            break
+    sides = [min(size) for size in image_sizes(train, SIZE_SAMPLE)]
     if not sides:
         return None, 32
     side = int(statistics.median(sides))

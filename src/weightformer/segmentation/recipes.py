@@ -16,10 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
-from PIL import Image
-
 from ..data.errors import DataError
-from ..data.folder import DECODE_ERRORS
+from ..data.images import image_sizes
 from ..engine.recipes import Recipe, RecipeChoice, count_files
 from .data import IMAGE_EXTENSIONS, find_root
 from .synthetic import SHAPES_NAME
@@ -88,14 +86,7 @@ def _crop_for(train_dir: Path) -> tuple[int, str]:
     """The small-data crop for the images of ``train_dir``: :data:`SMALL_CROP`, or, for smaller images,
     the median short side of the first :data:`SAMPLED_IMAGES` (read from their headers) rounded down to
     a multiple of 32 (the backbone's coarsest stride), at least 64; and what the reason says about it."""
-    names = sorted(p for p in train_dir.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)[:SAMPLED_IMAGES]
-    sides = []
-    for path in names:
-        try:
-            with Image.open(path) as image:
-                sides.append(min(image.size))
-        except DECODE_ERRORS:  # an unreadable file is the data scan's to report
-            continue
+    sides = [min(size) for size in image_sizes(train_dir, SAMPLED_IMAGES, IMAGE_EXTENSIONS)]
     if not sides or statistics.median(sides) >= SMALL_CROP:
         return SMALL_CROP, ""
     median = int(statistics.median(sides))
