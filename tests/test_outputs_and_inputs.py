@@ -230,3 +230,14 @@ def test_init_help_promises_nothing_a_task_refuses(task: str, capsys):
         main([task, "train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--init PATH" in text and "starts fresh" not in text
+
+
+def test_analyze_erf_overwrite_moves_the_earlier_files_aside(tmp_path: Path):
+    png = tmp_path / "erf.png"
+    args = ["analyze", "erf", "--model", "weightformer_tiny:embed_dim=16,depth=2,patch_size=4", "--img-size", "16",
+            "--num-images", "1", "--output", str(png)]
+    assert main(args) == 0
+    first = png.read_bytes()
+    assert main([*args, "--overwrite"]) == 0
+    (aside,) = tmp_path.glob("erf.png.previous-*")
+    assert aside.read_bytes() == first and len(list(tmp_path.glob("erf.json.previous-*"))) == 1

@@ -161,15 +161,19 @@ def plot_erf_grid(results: list[dict[str, Any]], path: Path, columns: int = 4) -
 
 
 def _erf_command(args: argparse.Namespace) -> int:
+    from ..engine.outputs import move_aside
     from ..engine.run_dir import check_writable_file
 
     png, json_path = Path(args.output), Path(args.json or Path(args.output).with_suffix(".json"))
     for path, flag in ((png, "--output"), (json_path, "--json")):
         check_writable_file(path, flag)
         if path.exists() and not args.overwrite:
-            raise ConfigError(f"{flag} {path} exists; pass --overwrite to replace it, or another path")
+            raise ConfigError(f"{flag} {path} exists; pass --overwrite to move it aside, or another path")
     results = erf_report(args.model or DEFAULT_MODELS, data=args.data, num_images=args.num_images,
                          img_size=args.img_size, in_chans=args.in_chans, seed=args.seed)
+    for path in (png, json_path):  # the one output policy: an earlier file is moved aside, never replaced
+        if path.exists():
+            move_aside(path)
     plot_erf_grid(results, png)
     table = [{"spec": r["spec"], "source": r["source"], **r["stats"]} for r in results]
     tmp = json_path.with_name(f".{json_path.name}.{os.getpid()}.tmp")
@@ -237,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     erf.add_argument("--seed", type=int, default=0, help="seed of the random init and the noise images (default: 0)")
     erf.add_argument("--output", default="erf.png", help="PNG grid to write (default: erf.png)")
     erf.add_argument("--json", help="JSON of the numbers (default: the --output path with .json)")
-    erf.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    erf.add_argument("--overwrite", action="store_true",
+                     help="move existing output files aside (<name>.previous-<time>) and write anew")
     updates = sub.add_parser("updates", help="size and image-dependence of the predicted ΔW / ΔK of dynamic layers",
                              description="For each dynamic layer: mean column norm of the raw and capped update, "
                                          "of the static weight, and the update's spread across images.")
