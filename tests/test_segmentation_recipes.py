@@ -68,8 +68,8 @@ def test_init_and_a_real_size_folder_get_the_papers_recipe(folder: Path, monkeyp
     assert run.recipe.reason == (f"{folder / 'images' / 'training'} holds 20210 training images (at least 10000) "
                                  f"and --init gives a pretrained backbone")
     cfg = run.cfg
-    assert (cfg.model, cfg.img_size, cfg.batch_size, cfg.sched, cfg.seg_inference, cfg.num_classes) == \
-        ("weightformer_small", 512, 2, "poly", "slide", None)  # None: the data's own count
+    assert (cfg.model, cfg.img_size, cfg.batch_size, cfg.sched, cfg.seg_inference, cfg.num_classes, cfg.seg_protocol) == \
+        ("weightformer_small", 512, 8, "poly", "slide", None, "vim")  # None: the data's own count
 
 
 @pytest.mark.parametrize("images, init, name, says", [
@@ -90,7 +90,7 @@ def test_shapes_and_unreadable_folders(tmp_path: Path):
 
 
 def test_the_papers_recipe_is_the_shipped_config():
-    shipped = load_config_file(CONFIGS / "ade20k_upernet_weightformer_s_160k.yaml", SegmentationConfig)
+    shipped = load_config_file(CONFIGS / "ade20k_upernet_weightformer_s_vim_60k.yaml", SegmentationConfig)
     for where_and_count in ("data", "output", "num_classes"):  # the run's own; the count is the data's
         shipped.pop(where_and_count)
     assert dict(recipes.ADE20K.values) == shipped

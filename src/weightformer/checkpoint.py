@@ -9,8 +9,6 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-from safetensors.torch import load_file as load_safetensors
 
 __all__ = ["CheckpointError", "load_checkpoint_file", "release_pickle_globals", "save_atomic", "strip_wrapper_prefixes"]
 
@@ -29,6 +27,8 @@ _RELEASE_PICKLE_GLOBALS = [(OrderedDict, "yacs.config.CfgNode")]
 
 def release_pickle_globals():
     """Context in which ``torch.load(weights_only=True)`` also reads the release's pickled yacs config."""
+    import torch
+
     return torch.serialization.safe_globals(_RELEASE_PICKLE_GLOBALS)
 
 
@@ -48,6 +48,9 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     Raises :class:`CheckpointError` with the file name when it is missing, is not a checkpoint, or
     would need arbitrary code to unpickle.
     """
+    import torch
+    from safetensors.torch import load_file as load_safetensors
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; check the path")
@@ -89,6 +92,8 @@ def _unpickling_detail(message: str) -> str:
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync it, then rename it over ``path``."""
+    import torch
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -4,7 +4,8 @@
 
 A thin layer over :mod:`.erf`, :mod:`.dynamics` and :mod:`.interaction`. Each ``--model`` is ``NAME[:key=value,...]``: a timm model name with
 keyword arguments (``weightformer_tiny:dynamic_period=0``), or ``ckpt=PATH`` alone for a checkpoint
-written by ``weightformer train`` (it names its model, kwargs and input format).
+written by ``weightformer train`` (it names its model, kwargs and input format). Building the
+command line imports no torch; the tools import it once the arguments are parsed.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
 from .erf import erf_map, erf_stats
+
+if TYPE_CHECKING:  # imported where the tools run: the command line (--help, a bad flag) needs none of them
+    import torch
+    from torch import nn
 
 __all__ = ["DEFAULT_MODELS", "build_from_spec", "check_models", "check_spec", "erf_report", "load_images", "main", "plot_erf_grid"]
 
@@ -41,7 +42,7 @@ def check_spec(spec: str) -> None:
     """Raise ConfigError unless ``spec`` names a timm model or an existing checkpoint file (before any work)."""
     import timm
 
-    import weightformer  # noqa: F401  (registers the WeightFormer models)
+    from .. import models  # noqa: F401  (registers the WeightFormer models with timm)
 
     name = spec.partition(":")[0]
     if name.startswith("ckpt="):
@@ -68,9 +69,9 @@ def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module,
     checkpoint of another task than classification, or a model that cannot take ``img_size`` images
     (smaller than one patch: :func:`weightformer.classification.model.check_input_size`)."""
     import timm
+    import torch
 
-    import weightformer  # noqa: F401  (registers the WeightFormer models)
-
+    from .. import models  # noqa: F401  (registers the WeightFormer models with timm)
     from ..classification.model import check_input_size
     from ..engine.weights import load_model
 
@@ -102,6 +103,8 @@ def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module,
 def load_images(data: str, num: int, img_size: int, in_chans: int, seed: int) -> torch.Tensor:
     """``num`` images (num, C, S, S): standard-normal noise for ``noise``, else the first held-out images of
     a built-in data set (mnist, a probe), normalised and resized to ``img_size``."""
+    import torch
+
     if data == "noise":
         return torch.randn(num, in_chans, img_size, img_size, generator=torch.Generator().manual_seed(seed))
     from ..data import BUILTIN_DATASETS, open_dataset
@@ -118,6 +121,8 @@ def load_images(data: str, num: int, img_size: int, in_chans: int, seed: int) ->
 def erf_report(specs: Sequence[str], data: str = "noise", num_images: int = 8, img_size: int = 224,
                in_chans: int = 3, seed: int = 0) -> list[dict[str, Any]]:
     """ERF map and numbers of each model spec: ``[{"spec", "source", "stats", "map"}, ...]``."""
+    import torch
+
     from ..engine.progress import progress
 
     check_models(specs, in_chans, img_size)
@@ -134,6 +139,7 @@ def erf_report(specs: Sequence[str], data: str = "noise", num_images: int = 8, i
 def plot_erf_grid(results: list[dict[str, Any]], path: Path, columns: int = 4) -> None:
     """Log-scaled ERF maps side by side, each titled with its spec and share outside the centre."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -188,6 +194,8 @@ def _erf_command(args: argparse.Namespace) -> int:
 
 
 def _updates_command(args: argparse.Namespace) -> int:
+    import torch
+
     from .dynamics import dynamic_update_stats
 
     check_models(args.model, args.in_chans, args.img_size)
@@ -207,6 +215,8 @@ def _updates_command(args: argparse.Namespace) -> int:
 
 
 def _interaction_command(args: argparse.Namespace) -> int:
+    import torch
+
     from .interaction import edge_interaction
 
     check_models(args.model, args.in_chans, args.img_size)

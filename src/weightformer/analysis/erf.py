@@ -22,8 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
-from torch import Tensor, nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 __all__ = ["ErfResult", "erf_map", "erf_stats", "last_feature_map", "token_center"]
 
@@ -44,6 +46,8 @@ def erf_map(model: nn.Module, images: Tensor, features: Callable[[nn.Module, Ten
     (default: :func:`last_feature_map`). Runs in eval mode, in batches of ``batch_size`` images;
     every image's gradient is its own (the centre token of image i depends on image i only).
     """
+    import torch
+
     features = features or last_feature_map
     was_training = model.training
     model.eval()

@@ -9,17 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from timm.data import create_transform
-from timm.data.transforms import _str_to_torch_interpolation
-
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
-from ..models.names import unknown_timm_model
 
 __all__ = ["ClassificationConfig"]
-
-# What timm's transforms accept for both the train and eval pipelines (str_to_interp_mode's keys).
-INTERPOLATIONS = tuple(_str_to_torch_interpolation)
 
 
 def _probability(value: float) -> bool:
@@ -59,12 +52,18 @@ class ClassificationConfig(TrainConfig):
     )
 
     def check(self) -> None:
+        # timm (and torch) here, not at the top: the command line reads this class without them
+        from timm.data.transforms import _str_to_torch_interpolation
+
+        from ..models.names import unknown_timm_model
+
         super().check()
         problem = unknown_timm_model(self.model)
         if problem:
             raise ConfigError(problem)
-        if self.interpolation not in INTERPOLATIONS:
-            raise ConfigError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
+        interpolations = tuple(_str_to_torch_interpolation)  # what timm's train and eval transforms both accept
+        if self.interpolation not in interpolations:
+            raise ConfigError(f"interpolation must be one of {', '.join(interpolations)}, got {self.interpolation!r}")
         check_auto_augment(self.auto_augment)
 
 
@@ -72,6 +71,8 @@ def check_auto_augment(policy: Optional[str]) -> None:
     """``policy`` must parse with timm's RandAugment/AugMix/AutoAugment parsers (as create_transform calls them)."""
     if not policy:
         return
+    from timm.data import create_transform
+
     try:
         create_transform(32, is_training=True, auto_augment=policy)
     except (AssertionError, ValueError) as exc:  # how timm's parsers reject a policy string

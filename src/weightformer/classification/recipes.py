@@ -8,14 +8,11 @@ that takes hundreds of steps in a few dozen epochs, with the augmentation small 
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
-from ..data import BUILTIN_DATASETS
-from ..data.folder import IMG_EXTENSIONS
-from ..data.images import image_sizes
+from ..data.builtin import BUILTIN_DATASETS
 from ..engine.recipes import Recipe, RecipeChoice, count_files
 
 __all__ = ["FINE_TUNE", "FULL_SCALE_IMAGES", "IMAGENET", "RECIPES", "SMALL_DATA", "choose_recipe", "offline_recipe"]
@@ -48,8 +45,10 @@ _SIDES_SAMPLED = 32  # image headers read to find a folder's typical side
 
 def typical_side(folder: Path) -> int | None:
     """The median shorter side of the first few images under ``folder`` (headers only), or None."""
+    from ..data.images import image_sizes  # PIL and torch: here, so the command line starts without them
+
     sides = [min(size) for size in image_sizes(folder, _SIDES_SAMPLED)]
-    return int(np.median(sides)) if sides else None
+    return int(statistics.median(sides)) if sides else None
 
 
 def small_data_recipe(side: int | None) -> Recipe:
@@ -76,6 +75,8 @@ def offline_recipe(data: str) -> Recipe:
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     """See the module docstring: a bundled set's own; for a folder, by its size and ``--init``."""
+    from ..data.folder import IMG_EXTENSIONS  # torchvision's: here, so the command line starts without it
+
     if data in BUILTIN_DATASETS:
         return RecipeChoice(offline_recipe(data), f"{data} is a bundled data set")
     train = Path(data).expanduser() / "train"

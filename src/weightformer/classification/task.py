@@ -4,24 +4,22 @@ Mixup/CutMix with smoothed cross-entropy, top-1/top-5 evaluation, and ``weightfo
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
-
-import torch
-from timm.data import Mixup
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from ..checkpoint import CheckpointError
-from ..data import ArrayImageDataset, DataInfo, SeededTransformDataset, open_dataset, precompute
-from ..data.transforms import build_transforms, eval_data_config
-from ..engine.distributed import DistInfo
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes
 from .config import ClassificationConfig
-from .evaluate import evaluate
-from .model import build_classifier, check_input_size, pretrained_cfg
+
+if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+    import torch
+    from timm.data import Mixup
+    from torch import Tensor, nn
+    from torch.utils.data import DataLoader, Dataset
+
+    from ..data import DataInfo
+    from ..engine.distributed import DistInfo
 
 __all__ = ["ClassificationTask"]
 
@@ -53,6 +51,8 @@ class ClassificationTask(Task):
 
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
+        from .model import build_classifier
+
         return build_classifier(meta, pretrained=bool(meta.get("pretrained")))
 
     @classmethod
@@ -60,6 +60,8 @@ class ClassificationTask(Task):
                          model_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The architecture the user named, with the class and channel counts read off the weights'
         classifier and stem (timm's pretrained config's for a pretrained model)."""
+        from .model import pretrained_cfg
+
         if model is None:
             raise CheckpointError(f"{checkpoint} does not say which model it holds; pass --model NAME")
         cfg = pretrained_cfg(model)
@@ -80,6 +82,8 @@ class ClassificationTask(Task):
         return COMMANDS
 
     def __init__(self, cfg: ClassificationConfig):
+        from torch import nn
+
         super().__init__(cfg)
         self.info: Optional[DataInfo] = None
         self.img_size = cfg.img_size or 224
@@ -88,6 +92,13 @@ class ClassificationTask(Task):
         self.criterion: nn.Module = nn.CrossEntropyLoss()
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
+        from timm.data import Mixup
+        from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+        from ..data import ArrayImageDataset, SeededTransformDataset, open_dataset, precompute
+        from ..data.transforms import build_transforms, eval_data_config
+        from .model import pretrained_cfg
+
         cfg = self.cfg
         info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
         self.info = info
@@ -119,6 +130,8 @@ class ClassificationTask(Task):
 
     def model_kwargs(self) -> dict[str, Any]:
         """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
+        from .model import pretrained_cfg
+
         cfg = self.cfg
         kwargs = dict(cfg.model_kwargs)
         if cfg.model.startswith("weightformer") or pretrained_cfg(cfg.model).get("fixed_input_size", False):
@@ -126,6 +139,8 @@ class ClassificationTask(Task):
         return kwargs
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
+        from .model import build_classifier, check_input_size
+
         cfg, info = self.cfg, self.info
         assert info is not None, "build_data comes first"
         meta = {
@@ -161,6 +176,8 @@ class ClassificationTask(Task):
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, float]:
+        from .evaluate import evaluate
+
         result = evaluate(model, loader, device, amp, dist_info)
         return {"loss": result["loss"], "top1": result["top1"], "top5": result["top5"],
                 "images": result["num_samples"]}

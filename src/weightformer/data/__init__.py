@@ -2,21 +2,32 @@
 
 :func:`open_dataset` turns ``--data`` (a built-in name or a folder) into train and val splits
 plus the facts a model needs (classes, channels, normalisation).
+
+The names below are imported from their submodules on first use (PEP 562), so that importing the
+package, e.g. for :class:`DataError`, imports no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import Dataset
-
-from .builtin import BUILTIN_DATASETS, ArrayImageDataset, BuiltinNameWarning, BuiltinSpec, load_builtin
+from .. import _lazy_exports
 from .errors import DataError
-from .folder import ImageFolderDataset, SkippedImagesWarning, load_image_folder
-from .sampler import ResumableSampler
-from .transforms import SeededTransformDataset, build_transforms, precompute, seeded_rng
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+# name -> the submodule that defines it
+_EXPORTS = {
+    "BUILTIN_DATASETS": "builtin", "ArrayImageDataset": "arrays", "BuiltinNameWarning": "builtin",
+    "BuiltinSpec": "builtin", "load_builtin": "builtin",
+    "ImageFolderDataset": "folder", "SkippedImagesWarning": "folder", "load_image_folder": "folder",
+    "ResumableSampler": "sampler",
+    "SeededTransformDataset": "transforms", "build_transforms": "transforms", "precompute": "transforms",
+    "seeded_rng": "transforms",
+}
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "BUILTIN_DATASETS",
@@ -54,6 +65,8 @@ class DataInfo:
 
 def builtin_defaults(data: str) -> dict[str, Any]:
     """Training defaults for a built-in data set (empty for an ImageFolder path)."""
+    from .builtin import BUILTIN_DATASETS
+
     spec = BUILTIN_DATASETS.get(data)
     return dict(spec.defaults) if spec else {}
 
@@ -69,6 +82,11 @@ def open_dataset(
     Returns its :class:`DataInfo` and ``{split: dataset}``. ``verify`` and ``warn`` are passed to
     :func:`load_image_folder` (``warn`` also to :func:`load_builtin`).
     """
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from .builtin import BUILTIN_DATASETS, load_builtin
+    from .folder import load_image_folder
+
     if data in BUILTIN_DATASETS:
         spec, builtin_splits = load_builtin(data, warn=warn)
         info = DataInfo(

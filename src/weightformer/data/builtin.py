@@ -11,6 +11,8 @@ they never repeat training images' draws.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 import warnings
 from collections.abc import Callable
@@ -20,11 +22,13 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset
 
 from .errors import DataError
 
-__all__ = ["BUILTIN_DATASETS", "ArrayImageDataset", "BuiltinNameWarning", "BuiltinSpec", "load_builtin", "probe_spec"]
+if TYPE_CHECKING:
+    from .arrays import ArrayImageDataset
+
+__all__ = ["BUILTIN_DATASETS", "BuiltinNameWarning", "BuiltinSpec", "load_builtin", "probe_spec"]
 
 
 class BuiltinNameWarning(UserWarning):
@@ -141,25 +145,6 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = _BuiltinRegistry({
 })
 
 
-class ArrayImageDataset(Dataset):
-    """Images held in memory as a (N, H, W) uint8 array, served as PIL images through a transform."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable | None = None):
-        if images.ndim != 3 or images.dtype != np.uint8:
-            raise DataError(f"expected (N, H, W) uint8 images, got shape {images.shape} dtype {images.dtype}")
-        self.images = images
-        self.labels = labels.astype(np.int64)
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        img = Image.fromarray(self.images[index], mode="L")
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, int(self.labels[index])
-
 
 def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, ArrayImageDataset]]:
     """Load a bundled data set: its spec and ``{"train": ..., "val": ...}`` without transforms.
@@ -167,6 +152,8 @@ def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, A
     With ``warn``, a folder named ``name`` in the working directory, which the name does not
     reach, is pointed out in one :class:`BuiltinNameWarning`.
     """
+    from .arrays import ArrayImageDataset
+
     if name not in BUILTIN_DATASETS:
         raise DataError(f"unknown built-in data set {name!r}; choose one of {sorted(BUILTIN_DATASETS)}")
     if warn and os.path.isdir(name):
@@ -192,6 +179,8 @@ def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, A
 
 def _generate_probe(spec: BuiltinSpec) -> dict[str, ArrayImageDataset]:
     """Train and val splits of a probe, from separate seed streams (seed·2 and seed·2 + 1)."""
+    from .arrays import ArrayImageDataset
+
     from .probes import PROBES
 
     generate = PROBES[spec.probe][0]

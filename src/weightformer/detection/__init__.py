@@ -4,18 +4,25 @@
 :mod:`.recipes`, ``weightformer det train|eval|predict`` in :mod:`.cli`); :func:`build_maskrcnn` builds
 the model on a feature pyramid; :class:`CocoDetection` reads the COCO layout (:func:`find_split`
 finds a split); :class:`CocoEvaluator` scores predictions with pycocotools; :func:`evaluate_checkpoint`
-and :func:`predict` evaluate a checkpoint and run it on images; :func:`draw_detections` draws
+and :func:`.predict.predict` evaluate a checkpoint and run it on images; :func:`draw_detections` draws
 detections; ``--data shapes`` is an offline data set (:mod:`.synthetic`).
+
+The names are imported from their submodules on first use (PEP 562), so that the command line reads
+:class:`DetectionTask` and its settings without importing torch. (``predict`` is the submodule: the
+package's attribute of that name could not be the function and the module both.)
 """
 
-from .cascade import AgnosticBoxPredictor, CascadeRoIHeads
-from .config import DetectionConfig
-from .data import CocoDetection, DroppedBoxesWarning, LargeScaleJitter, SeededJitterDataset, collate, drop_crowd, find_split
-from .evaluation import METRIC_NAMES, CocoEvaluator, evaluate, evaluate_checkpoint
-from .model import build_maskrcnn
-from .predict import predict
-from .task import DetectionTask, build_detector, training_loss
-from .visualize import draw_detections, save_visualizations
+from .. import _lazy_exports
+
+__getattr__, __dir__ = _lazy_exports(__name__, {
+    "AgnosticBoxPredictor": "cascade", "CascadeRoIHeads": "cascade", "DetectionConfig": "config",
+    "CocoDetection": "data", "DroppedBoxesWarning": "data", "LargeScaleJitter": "data",
+    "SeededJitterDataset": "data", "collate": "data", "drop_crowd": "data", "find_split": "data",
+    "METRIC_NAMES": "evaluation", "CocoEvaluator": "evaluation", "evaluate": "evaluation",
+    "evaluate_checkpoint": "evaluation", "build_maskrcnn": "model", "DetectionTask": "task",
+    "build_detector": "task", "training_loss": "task", "draw_detections": "visualize",
+    "save_visualizations": "visualize",
+})
 
 __all__ = [
     "METRIC_NAMES",
@@ -36,7 +43,6 @@ __all__ = [
     "evaluate",
     "evaluate_checkpoint",
     "find_split",
-    "predict",
     "save_visualizations",
     "training_loss",
 ]

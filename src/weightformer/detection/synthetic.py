@@ -19,7 +19,6 @@ from typing import Any, Optional
 
 import numpy as np
 from PIL import Image
-from pycocotools import mask as mask_utils
 
 __all__ = ["SHAPES_CATEGORIES", "SHAPES_NAME", "SPLIT_SIZES", "cache_root", "shapes_root", "write_shapes"]
 
@@ -54,6 +53,8 @@ def _disk(height: int, width: int, x: float, y: float, side: float) -> np.ndarra
 
 def _draw_image(rng: np.random.Generator, image_id: int) -> tuple[Image.Image, list[dict[str, Any]]]:
     """One image and its annotations (shapes that do not overlap)."""
+    from pycocotools import mask as mask_utils
+
     width, height = (int(v) for v in rng.integers(IMAGE_SIDES[0], IMAGE_SIDES[1] + 1, size=2))
     base = rng.integers(40, 215, size=3)
     pixels = np.clip(base + rng.normal(0, 12, (height, width, 3)), 0, 255).astype(np.uint8)

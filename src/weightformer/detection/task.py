@@ -18,28 +18,24 @@ import inspect
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
-
-import torch
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 from ..engine.device import autocast
-from ..engine.distributed import DistInfo
 from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
-from ..engine.weights import read_checkpoint
-from ..models.pyramid import SimpleFeaturePyramid, build_backbone
 from . import recipes, synthetic
 from .config import DetectionConfig
-from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, Target, collate, data_root, \
-    drop_crowd, find_split
-from .evaluation import METRIC_NAMES, evaluate, val_dataset
-from .model import build_maskrcnn
-from .visualize import save_visualizations
+
+if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+    import torch
+    from torch import Tensor, nn
+    from torch.utils.data import DataLoader
+
+    from ..engine.distributed import DistInfo
+    from .data import CocoDetection, Target
 
 __all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "split_model_kwargs",
            "training_loss"]
@@ -48,13 +44,14 @@ DEFAULT_IMG_SIZE = 1024  # ViTDet's: LSJ crops of 1024², and the model's min an
 LSJ_SCALES = (0.1, 2.0)  # ViTDet's large-scale jitter range
 BACKBONE_PATH = "backbone.backbone"  # the timm model inside the detector (Mask R-CNN -> SimpleFeaturePyramid)
 _DETECTOR_PREFIXES = ("rpn_", "box_", "bbox_")
-_CONV_DIM = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
 
 
 def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
                   device: torch.device) -> tuple[Tensor, dict[str, Tensor]]:
     """The summed loss of a collated batch, and each detached term (RPN, box stages, mask) to log.
     Crowd regions are left out of the targets."""
+    from .data import drop_crowd
+
     images, targets = batch
     images = [image.to(device, non_blocking=True) for image in images]
     targets = [{k: v.to(device, non_blocking=True) for k, v in drop_crowd(t).items()} for t in targets]
@@ -71,11 +68,15 @@ def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
 def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
     size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
+    from ..models.pyramid import SimpleFeaturePyramid, build_backbone
+    from .model import build_maskrcnn
+
+    conv_dim = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
     backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
     what = f"a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']}"
     with model_arguments_checked(what, meta["model_kwargs"]):
         backbone = build_backbone(meta["model"], **backbone_kwargs)
-        pyramid = SimpleFeaturePyramid(backbone, out_channels=detector_kwargs.get("conv_dim", _CONV_DIM))
+        pyramid = SimpleFeaturePyramid(backbone, out_channels=detector_kwargs.get("conv_dim", conv_dim))
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], min_size=meta["img_size"],
                               max_size=meta.get("max_size", meta["img_size"]), **detector_kwargs)
 
@@ -157,6 +158,10 @@ class DetectionTask(Task):
         by the first process under torchrun)."""
         if not args.visualize or int(os.environ.get("RANK", "0")) != 0:
             return
+        from ..engine.weights import read_checkpoint
+        from .evaluation import val_dataset
+        from .visualize import save_visualizations
+
         ckpt = read_checkpoint(result.last_checkpoint)
         meta, val_split = ckpt["meta"], ckpt["config"].get("val_split")
         out = Path(result.output) / "visualize"
@@ -174,6 +179,8 @@ class DetectionTask(Task):
         self.num_classes = 0
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
+        from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, collate, data_root, find_split
+
         cfg = self.cfg
         root = data_root(cfg.data)
         train_split, val_split = find_split(root, "train", cfg.train_split), find_split(root, "val", cfg.val_split)
@@ -227,6 +234,8 @@ class DetectionTask(Task):
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, Any]:
+        from .evaluation import METRIC_NAMES, evaluate
+
         with autocast(device, amp):
             metrics = evaluate(model, loader, loader.dataset, device, dist_info)  # type: ignore[arg-type]
         result: dict[str, Any] = {name: None if math.isnan(metrics[name]) else metrics[name] for name in METRIC_NAMES}

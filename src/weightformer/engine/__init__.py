@@ -1,18 +1,30 @@
 """The engine every task shares, and that knows no task: ``train(config, task=...)`` runs the loop
 (checkpoints, exact resume, signals, torchrun, metrics) around a :class:`Task`; ``load_model``
 reads any checkpoint into its task's model; :mod:`.cli` builds each task's command line; the
-settings every run has (:class:`TrainConfig`) and the recipes that fill them."""
+settings every run has (:class:`TrainConfig`) and the recipes that fill them.
 
-from .config import TrainConfig, load_config_file, parse_model_kwargs, resolve_config, scaled_learning_rates, setting, validate_config
-from .device import autocast, pick_device
-from .distributed import DistInfo, init_distributed
-from .errors import USER_ERRORS, ConfigError
-from .recipes import Recipe, RecipeChoice
-from .registry import get_task, register_task, task_names
-from .signals import StopFlag
-from .task import Command, Task, TaskData
-from .weights import LoadedModel, load_model, load_model_state, load_weights, read_checkpoint
-from .loop import PreparedRun, TrainResult, prepare_config, train
+Each name is imported from its submodule on first use (PEP 562): the command line reads
+:class:`Command`, the config classes and the recipes without importing torch, which most of the
+rest needs."""
+
+from .. import _lazy_exports
+
+# name -> the submodule that defines it
+_EXPORTS = {
+    "TrainConfig": "config", "load_config_file": "config", "parse_model_kwargs": "config",
+    "resolve_config": "config", "scaled_learning_rates": "config", "setting": "config", "validate_config": "config",
+    "autocast": "device", "pick_device": "device",
+    "DistInfo": "distributed", "init_distributed": "distributed",
+    "USER_ERRORS": "errors", "ConfigError": "errors",
+    "Recipe": "recipes", "RecipeChoice": "recipes",
+    "get_task": "registry", "register_task": "registry", "task_names": "registry",
+    "StopFlag": "signals",
+    "Command": "task", "Task": "task", "TaskData": "task",
+    "LoadedModel": "weights", "load_model": "weights", "load_model_state": "weights", "load_weights": "weights",
+    "read_checkpoint": "weights",
+    "PreparedRun": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
+}
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "USER_ERRORS",

@@ -19,6 +19,7 @@ import sys
 import traceback
 import typing
 import warnings
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -237,9 +238,14 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
-    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring."""
+    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring.
+
+    Every subcommand's work runs through here once its command line is parsed, so this is where the
+    ``weightformer`` command registers the WeightFormer models with timm (its package import left
+    them out, see :mod:`weightformer`): any ``--model`` name can be a timm name from here on."""
     previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
+        import_module("weightformer.models")  # registers with timm (already done in a library user's process)
         return command()
     except USER_ERRORS as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)

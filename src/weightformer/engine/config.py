@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import yaml
-from timm.optim import get_optimizer_class, list_optimizers
 
 from .errors import ConfigError
 
@@ -361,6 +360,8 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
 
 def _check_opt(opt: str) -> None:
     """``opt`` must be an optimizer timm's create_optimizer_v2 can build here."""
+    from timm.optim import get_optimizer_class, list_optimizers  # here: building a command line needs no torch
+
     names = list_optimizers()
     base = opt.lower().removeprefix("lookahead_")
     if base not in names:

@@ -1,13 +1,16 @@
-"""Where a model runs and in which precision: the one device picker and the one autocast context."""
+"""Where a model runs and in which precision: the one device picker and the one autocast context.
+
+Importing it does not import torch (the command line reads :data:`AMP_MODES`); its functions do."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["AMP_MODES", "autocast", "pick_device"]
 
@@ -17,6 +20,8 @@ AMP_MODES = ("none", "bf16", "fp16")
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """``--device`` as a torch.device: ``auto`` is CUDA (GPU ``local_rank``) when one is visible, else the
     CPU; ``cuda`` is GPU ``local_rank``, ``cuda:N`` GPU N, ``cpu`` the CPU."""
+    import torch
+
     kind, _, index = str(name).partition(":")
     if kind not in ("auto", "cuda", "cpu") or (index and (kind != "cuda" or not index.isdigit())):
         raise ConfigError(f"--device must be auto, cuda, cuda:N or cpu, got {name!r}")
@@ -37,4 +42,6 @@ def autocast(device: torch.device, amp: str) -> Any:
         return nullcontext()
     if amp == "fp16" and device.type != "cuda":
         raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
+    import torch
+
     return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)

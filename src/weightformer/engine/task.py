@@ -18,6 +18,11 @@ torchrun, ``metrics.jsonl``, ``curves.png``, progress output, the one weights re
 A task's randomness must come only from the generators the loop seeds and checkpoints (torch,
 NumPy, Python), or from per-sample seeds (see :class:`weightformer.data.SeededTransformDataset`),
 so that a resumed run equals an uninterrupted one.
+
+This module imports no torch, and a task's module should not either at its top: the command line
+is built from the class attributes, :meth:`Task.recipes`, ``config_class`` and :meth:`Task.commands`
+alone, so ``--help`` and a bad flag answer at once; what trains, evaluates or loads imports torch
+where it runs.
 """
 
 from __future__ import annotations
@@ -26,19 +31,19 @@ import argparse
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
-
-import torch
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 from ..checkpoint import CheckpointError
-from ..models.layer_decay import layer_decay_param_groups
 from .config import TrainConfig
-from .distributed import DistInfo
 from .errors import ConfigError
 from .recipes import Recipe, RecipeChoice
-from .weights import checkpoint_task, load_backbone_weights, load_weights
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+    from torch.utils.data import DataLoader, Dataset
+
+    from .distributed import DistInfo
 
 __all__ = ["Command", "Task", "TaskData"]
 
@@ -170,6 +175,8 @@ class Task(ABC):
         task (or any, without a backbone inside the model) fills the whole model, a classifier of another
         size left as initialised (fine-tuning on other classes); any other (a classifier's: ours, the
         authors', timm's) fills only the backbone."""
+        from .weights import checkpoint_task, load_backbone_weights, load_weights
+
         meta = dict(ckpt.get("meta") or {})
         if self.backbone_path and meta.get("task") != self.name:  # another task's, or a classifier's weights
             return load_backbone_weights(model, self.backbone_path, self.cfg.model, ckpt, source)
@@ -186,6 +193,8 @@ class Task(ABC):
             return None
         if self.backbone_path is None:
             raise ConfigError(f"--layer-decay: {self.name} models have no backbone blocks to decay; drop it")
+        from ..models.layer_decay import layer_decay_param_groups
+
         try:
             return layer_decay_param_groups(model, self.backbone_path or model, self.cfg.weight_decay,
                                             self.cfg.layer_decay)

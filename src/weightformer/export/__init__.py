@@ -1,10 +1,16 @@
 """Ship a trained classifier: timm's Hugging Face Hub layout, ONNX and ``torch.export`` (``.pt2``), all
-with dynamic batch and image sizes; ``weightformer export`` is the command line over these functions."""
+with dynamic batch and image sizes; ``weightformer export`` is the command line over these functions.
 
-from .hub import model_card, push_to_hub, to_hf
-from .onnx import check_onnx, to_onnx
-from .pt2 import export_program, load_pt2, to_pt2
-from .source import run_summary, trained_size
+The names are imported from their submodules on first use (PEP 562), so that ``weightformer export
+--help`` imports neither torch nor onnx.
+"""
+
+from .. import _lazy_exports
+
+__getattr__, __dir__ = _lazy_exports(__name__, {
+    "model_card": "hub", "push_to_hub": "hub", "to_hf": "hub", "check_onnx": "onnx", "to_onnx": "onnx",
+    "export_program": "pt2", "load_pt2": "pt2", "to_pt2": "pt2", "run_summary": "source", "trained_size": "source",
+})
 
 __all__ = [
     "check_onnx",

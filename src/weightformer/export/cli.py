@@ -1,6 +1,6 @@
 """``weightformer export``: a checkpoint or a timm model's pretrained weights to the Hub layout, ONNX or
 ``.pt2``. A thin layer over :mod:`weightformer.export`; errors and exit codes are those of
-:mod:`weightformer.engine.cli`."""
+:mod:`weightformer.engine.cli`. The exporters (torch, onnx) are imported once the arguments are parsed."""
 
 from __future__ import annotations
 
@@ -14,12 +14,7 @@ from pathlib import Path
 from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
-from ..engine.weights import load_model
 from ..engine.outputs import check_not_an_input, check_output
-from .hub import push_to_hub, to_hf
-from .onnx import check_opset, to_onnx
-from .pt2 import to_pt2
-from .source import run_summary, trained_size
 
 __all__ = ["build_parser", "main"]
 
@@ -73,12 +68,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--img-size is the side of the example that onnx and pt2 trace; the hf format traces "
                           "nothing (its config.json records the training size), so drop it")
     if args.format == "onnx":
+        from .onnx import check_opset
+
         check_opset(args.opset)
     check_not_an_input(Path(args.out), [args.checkpoint])
     check_output(Path(args.out), args.overwrite, folder=args.format == "hf")  # before the work
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..engine.weights import load_model
+    from .hub import push_to_hub, to_hf
+    from .onnx import to_onnx
+    from .pt2 import to_pt2
+    from .source import run_summary, trained_size
+
     _check_arguments(args)
     loaded = load_model(args.checkpoint, task="classification", model=args.model,
                         model_kwargs=parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"), use_ema=args.ema,

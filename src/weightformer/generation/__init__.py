@@ -1,15 +1,17 @@
 """Class-conditional diffusion with WeightFormer-DiT: the model (and the attention DiT baseline), DiT's
-Gaussian diffusion, training on the shared engine, sampling and evaluation (``weightformer gen``)."""
+Gaussian diffusion, training on the shared engine, sampling and evaluation (``weightformer gen``).
 
-from .model import (
-    GUIDANCE_MODES,
-    DiTBlock,
-    WeightFormerDiT,
-    WeightFormerDiTBlock,
-    checkpoint_filter_fn,
-    load_release_state_dict,
-)
-from .variants import DIT_VARIANTS, create_dit, variant_name
+The names are imported from their submodules on first use (PEP 562), so that the command line reads
+:class:`GenerationTask` and its settings without importing torch.
+"""
+
+from .. import _lazy_exports
+
+__getattr__, __dir__ = _lazy_exports(__name__, {
+    "GUIDANCE_MODES": "config", "DiTBlock": "model", "WeightFormerDiT": "model", "WeightFormerDiTBlock": "model",
+    "checkpoint_filter_fn": "model", "load_release_state_dict": "model", "DIT_VARIANTS": "variants",
+    "create_dit": "variants", "variant_name": "variants",
+})
 
 __all__ = [
     "DIT_VARIANTS", "GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn",

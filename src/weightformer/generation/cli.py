@@ -13,8 +13,7 @@ from ..engine.device import pick_device
 from ..engine.errors import ConfigError
 from ..engine.run_dir import check_writable_folder
 from ..engine.task import Command
-from .model import GUIDANCE_MODES
-from .sampling import SAMPLERS
+from .config import GUIDANCE_MODES, SAMPLERS
 
 __all__ = ["COMMANDS"]
 

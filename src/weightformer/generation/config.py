@@ -12,9 +12,13 @@ from typing import Any, Callable, ClassVar, Optional
 
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
-from .variants import DIT_VARIANTS
 
-__all__ = ["GenerationConfig"]
+__all__ = ["GUIDANCE_MODES", "SAMPLERS", "GenerationConfig"]
+
+# The choices of ``gen sample``, here (no torch) for its command line: how classifier-free guidance
+# combines the two noise predictions (WeightFormerDiT.forward_with_cfg), and the samplers of .sampling.
+GUIDANCE_MODES = ("release", "standard")
+SAMPLERS = ("ddpm", "ddim")
 
 
 @dataclass
@@ -47,6 +51,8 @@ class GenerationConfig(TrainConfig):
     )
 
     def check(self) -> None:
+        from .variants import DIT_VARIANTS  # imports the models (torch, diffusers): the command line reads this class
+
         super().check()
         if self.model not in DIT_VARIANTS:
             raise ConfigError(f"model {self.model!r} is not a diffusion model; choose one of {', '.join(DIT_VARIANTS)}")

@@ -18,9 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..data import BUILTIN_DATASETS
-from ..data.folder import IMG_EXTENSIONS
-from ..data.images import image_sizes
+from ..data.builtin import BUILTIN_DATASETS
 from ..engine.recipes import Recipe, RecipeChoice, count_files
 
 __all__ = ["DIT", "FULL_SCALE_IMAGES", "OFFLINE_STEPS", "OFFLINE_VALUES", "RECIPES", "SMALL_DATA", "SMALL_EPOCHS",
@@ -76,6 +74,8 @@ def _image_side(train: Path, vae: bool) -> tuple[int | None, int]:
     readable; the img_size for it): that side rounded down to a multiple of 4 (patch 4 tiles it), 16 to
     64 px; with a VAE a multiple of 32 from 64 to 256 px (its latents, 8x smaller, still give patch 4 a
     grid). 32 px when no image is readable."""
+    from ..data.images import image_sizes  # PIL and torch: here, so the command line starts without them
+
     sides = [min(size) for size in image_sizes(train, SIZE_SAMPLE)]
     if not sides:
         return None, 32
@@ -107,6 +107,8 @@ def small_data_recipe(train: Path, images: int, settings: Mapping[str, Any]) -> 
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     """See the module docstring: a bundled set's offline recipe; for a folder, by its training images."""
+    from ..data.folder import IMG_EXTENSIONS  # torchvision's: here, so the command line starts without it
+
     if data in BUILTIN_DATASETS:
         return RecipeChoice(offline_recipe(data), f"{data} is a bundled data set")
     train = Path(data).expanduser() / "train"

@@ -11,25 +11,23 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Subset
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import CheckpointError
 from ..engine.device import autocast
-from ..engine.distributed import DistInfo, all_reduce_sum
 from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes
 from .config import GenerationConfig
-from .data import image_geometry, open_images
-from .diffusion import GaussianDiffusion
-from .latents import encode_split, load_vae, vae_downsampling, vae_scale_factor
-from .model import WeightFormerDiT
-from .variants import create_dit
+
+if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+    import torch
+    from torch import Tensor, nn
+    from torch.utils.data import DataLoader
+
+    from ..engine.distributed import DistInfo
+    from .model import WeightFormerDiT
 
 __all__ = ["GenerationTask"]
 
@@ -64,6 +62,8 @@ class GenerationTask(Task):
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> WeightFormerDiT:
         """The WF-DiT (or DiT) a checkpoint's ``meta`` describes, randomly initialised."""
+        from .variants import create_dit
+
         kwargs = dict(meta["model_kwargs"])
         with model_arguments_checked(meta["model"], kwargs):
             return create_dit(meta["model"], input_size=meta["input_size"], in_channels=meta["in_channels"],
@@ -81,6 +81,9 @@ class GenerationTask(Task):
         return f"{cls.command()} sample --checkpoint {checkpoint} --out {Path(checkpoint).parent / 'samples'}"
 
     def __init__(self, cfg: GenerationConfig):
+        from .data import image_geometry
+        from .diffusion import GaussianDiffusion
+
         super().__init__(cfg)
         self.geometry = image_geometry(cfg.data, cfg.img_size)
         self.diffusion = GaussianDiffusion(learn_sigma=cfg.model_kwargs.get("learn_sigma", True))
@@ -89,6 +92,11 @@ class GenerationTask(Task):
         self.latent: dict[str, Any] | None = None  # vae path, scale factor, channels
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
+        from torch.utils.data import Subset
+
+        from .data import open_images
+        from .latents import encode_split, load_vae, vae_downsampling, vae_scale_factor
+
         cfg, geometry = self.cfg, self.geometry
         hflip = 0.0 if cfg.no_aug else cfg.hflip
         info, splits = open_images(cfg.data, geometry, hflip, cfg.seed, verify=cfg.verify_images,
@@ -143,37 +151,44 @@ class GenerationTask(Task):
                                       f"--img-size and --vae it was trained with{', or start a new run' if resuming else ''}")
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
+        import torch
+
         x0, labels = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
         t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), device=device)
         losses = self.diffusion.training_losses(lambda xt, tt: model(xt, tt, labels), x0, t,
                                                 min_snr_gamma=self.cfg.min_snr_gamma)
         return losses["loss"].mean(), x0.shape[0]
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, float]:
         """The hybrid loss on the val split; each batch draws its timesteps and noise from a generator
         seeded by (seed, rank, its first index), so every evaluation sees the same draws and the loop's
         generators are untouched."""
-        was_training = model.training
-        model.eval()
-        totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, mse, vb, count
-        index = 0
-        for x0, labels in loader:
-            x0, labels = x0.to(device), labels.to(device)
-            generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + index + dist_info.rank * 10**9)
-            t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), generator=generator).to(device)
-            noise = torch.randn(x0.shape, generator=generator).to(device, x0.dtype)
-            with autocast(device, amp):
-                losses = self.diffusion.training_losses(lambda xt, tt, y=labels: model(xt, tt, y), x0, t, noise)
-            totals += torch.stack([losses["loss"].sum(), losses["mse"].sum(), losses["vb"].sum(),
-                                   torch.tensor(float(x0.shape[0]), device=device)]).double()
-            index += x0.shape[0]
-        model.train(was_training)
-        totals = all_reduce_sum(totals, dist_info)
-        n = max(totals[3].item(), 1.0)
-        return {"loss": totals[0].item() / n, "mse": totals[1].item() / n, "vb": totals[2].item() / n,
-                "images": int(totals[3].item())}
+        import torch
+
+        from ..engine.distributed import all_reduce_sum
+
+        with torch.no_grad():
+            was_training = model.training
+            model.eval()
+            totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, mse, vb, count
+            index = 0
+            for x0, labels in loader:
+                x0, labels = x0.to(device), labels.to(device)
+                seed = self.cfg.seed * 1_000_003 + index + dist_info.rank * 10**9
+                generator = torch.Generator().manual_seed(seed)
+                t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), generator=generator).to(device)
+                noise = torch.randn(x0.shape, generator=generator).to(device, x0.dtype)
+                with autocast(device, amp):
+                    losses = self.diffusion.training_losses(lambda xt, tt, y=labels: model(xt, tt, y), x0, t, noise)
+                totals += torch.stack([losses["loss"].sum(), losses["mse"].sum(), losses["vb"].sum(),
+                                       torch.tensor(float(x0.shape[0]), device=device)]).double()
+                index += x0.shape[0]
+            model.train(was_training)
+            totals = all_reduce_sum(totals, dist_info)
+            n = max(totals[3].item(), 1.0)
+            return {"loss": totals[0].item() / n, "mse": totals[1].item() / n, "vb": totals[2].item() / n,
+                    "images": int(totals[3].item())}
 
     def summary(self, metrics: dict[str, Any]) -> str:
         return (f"val loss {metrics['loss']:.4f} (mse {metrics['mse']:.4f} + vb {metrics['vb']:.4f}, "

@@ -7,27 +7,21 @@ settings (:class:`SegmentationConfig`) and recipes (``weightformer seg train|eva
 :func:`evaluate_checkpoint` and :func:`weightformer.segmentation.predict.predict` are ``seg eval``
 and ``seg predict`` as functions. ``shapes`` (:mod:`~weightformer.segmentation.synthetic`) is a
 small data set drawn offline.
+
+The names are imported from their submodules on first use (PEP 562), so that the command line reads
+:class:`SegmentationTask` and its settings without importing torch.
 """
 
-from .config import SegmentationConfig
-from .data import (
-    IGNORE_INDEX,
-    EvalTransform,
-    SegmentationBatch,
-    SegmentationFolder,
-    TrainTransform,
-    collate_segmentation,
-    find_root,
-    read_label,
-    reduce_zero_label,
-    scan_pairs,
-)
-from .evaluation import evaluate, evaluate_checkpoint
-from .inference import slide_inference, whole_inference
-from .metrics import SegmentationMetric
-from .model import build_upernet
-from .synthetic import SHAPES_CLASSES, shapes_root, write_shapes
-from .task import SegmentationTask, training_loss
+from .. import _lazy_exports
+
+__getattr__, __dir__ = _lazy_exports(__name__, {
+    "SegmentationConfig": "config", "IGNORE_INDEX": "data", "EvalTransform": "data", "SegmentationBatch": "data",
+    "SegmentationFolder": "data", "TrainTransform": "data", "collate_segmentation": "data", "find_root": "data",
+    "read_label": "data", "reduce_zero_label": "data", "scan_pairs": "data", "evaluate": "evaluation",
+    "evaluate_checkpoint": "evaluation", "slide_inference": "inference", "whole_inference": "inference",
+    "SegmentationMetric": "metrics", "build_upernet": "model", "SHAPES_CLASSES": "synthetic",
+    "shapes_root": "synthetic", "write_shapes": "synthetic", "SegmentationTask": "task", "training_loss": "task",
+})
 
 __all__ = [
     "IGNORE_INDEX",

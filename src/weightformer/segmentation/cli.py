@@ -12,7 +12,7 @@ from ..engine.cli import (
 )
 from ..engine.device import AMP_MODES
 from ..engine.task import Command
-from .inference import INFERENCE_MODES
+from .config import INFERENCE_MODES
 
 __all__ = ["COMMANDS"]
 

@@ -11,12 +11,16 @@ from typing import Any, Callable, ClassVar, Optional
 
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
-from ..models.names import unknown_timm_model
-from .data import IGNORE_INDEX
-from .inference import INFERENCE_MODES
 from .synthetic import SHAPES_NAME
 
-__all__ = ["SegmentationConfig", "check_windows"]
+IGNORE_INDEX = 255  # the label that no loss or metric counts (mmseg's); defined here, torch-free, for the CLI
+
+__all__ = ["IGNORE_INDEX", "INFERENCE_MODES", "PROTOCOLS", "SegmentationConfig", "check_windows"]
+
+INFERENCE_MODES = ("whole", "slide")  # --inference
+# --protocol: the pyramid UperNet reads (weightformer.segmentation.model): BEiT's and Vim's four blocks
+# spread over the depth, or ViTDet's simple pyramid on the last block.
+PROTOCOLS = ("vim", "simple-pyramid")
 
 
 @dataclass
@@ -38,16 +42,23 @@ class SegmentationConfig(TrainConfig):
                                  help="evaluate whole images, or overlapping crops")
     seg_crop: int = setting(512, flag="--crop", metavar="PX", help="sliding-window crop in pixels")
     seg_stride: int = setting(341, flag="--stride", metavar="PX", help="sliding-window stride in pixels")
+    seg_protocol: str = setting("simple-pyramid", flag="--protocol", choices=PROTOCOLS,
+                                help="the features UperNet reads: vim, four blocks spread over the depth at strides "
+                                     "4-32 (BEiT's and Vim's ViT UperNet, the paper's comparison), or simple-pyramid, "
+                                     "ViTDet's pyramid on the last block")
 
     RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
         ("num_classes", lambda v: v is None or 1 <= v <= IGNORE_INDEX,
          f"in [1, {IGNORE_INDEX}] (label {IGNORE_INDEX} is ignored), or null for the data's own"),
         ("seg_inference", lambda v: v in INFERENCE_MODES, " or ".join(INFERENCE_MODES)),
+        ("seg_protocol", lambda v: v in PROTOCOLS, " or ".join(PROTOCOLS)),
         ("seg_crop", lambda v: v >= 1, "a positive number of pixels"),
         ("seg_stride", lambda v: v >= 1, "a positive number of pixels"),
     )
 
     def check(self) -> None:
+        from ..models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
+
         super().check()
         problem = unknown_timm_model(self.model)
         if problem:

@@ -45,6 +45,7 @@ from ..data.errors import DataError
 from ..data.folder import DECODE_ERRORS
 from ..data.images import read_image
 from ..data.transforms import sample_seed
+from .config import IGNORE_INDEX
 from .synthetic import SHAPES_CLASSES, SHAPES_NAME, shapes_root
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
 
 SPLITS = ("training", "validation")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-IGNORE_INDEX = 255
 LABEL_MODES = frozenset({"P", "L", "I;16", "I;16L", "I;16B", "I"})  # modes whose pixels are class indices
 LAYOUT = "images/{training,validation}/*.jpg and annotations/{training,validation}/*.png"
 SHOWN = 5  # bad values named in an error line

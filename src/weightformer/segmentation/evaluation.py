@@ -21,9 +21,9 @@ from ..engine.config import config_fields
 from ..engine.device import autocast, pick_device
 from ..engine.errors import ConfigError
 from ..engine.weights import LoadedModel, load_model
-from .config import SegmentationConfig, check_windows
+from .config import INFERENCE_MODES, SegmentationConfig, check_windows
 from .data import IGNORE_INDEX, EvalTransform, SegmentationFolder, collate_segmentation, find_root
-from .inference import INFERENCE_MODES, slide_inference, whole_inference
+from .inference import slide_inference, whole_inference
 from .metrics import SegmentationMetric
 
 __all__ = ["eval_transform", "evaluate", "evaluate_checkpoint", "format_eval", "inference_settings", "load_segmenter"]

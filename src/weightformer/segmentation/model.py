@@ -1,15 +1,33 @@
-"""``build_upernet``: a backbone, its feature pyramid and an UperNet head, composed into one model."""
+"""``build_upernet``: a backbone, its feature pyramid and an UperNet head, composed into one model.
+
+Two protocols (``protocol``, the run's ``--protocol``) build the pyramid that UperNet reads:
+
+- ``vim``: BEiT's and Vim's ViT UperNet (hustvl/Vim ``seg/configs/_base_/models/upernet_vim.py`` and
+  ``seg/configs/vim/upernet/*``): four blocks spread over the depth, at strides 4, 8, 16 and 32 by
+  deconvolutions, identity and max-pooling, at the backbone's width
+  (:class:`~weightformer.models.multiblock_pyramid.MultiBlockPyramid`); the head is as wide as the
+  backbone (Vim's ``channels=384`` for S) and the auxiliary FCN head reads the stride-16 level
+  (``in_index=2``). The paper's ADE20K comparison uses this protocol.
+- ``simple-pyramid``: ViTDet's simple feature pyramid on the last block
+  (:class:`~weightformer.models.pyramid.SimpleFeaturePyramid`, ``pyramid_channels`` wide), with a
+  512-channel head: the detection tasks' neck, and what checkpoints from before ``--protocol`` hold.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from torch import nn
 
+from ..models.multiblock_pyramid import MultiBlockPyramid
 from ..models.pyramid import SimpleFeaturePyramid, build_backbone
 from ..models.upernet import FCNHead, UperNet, UperNetHead
+from .config import PROTOCOLS
 
-__all__ = ["build_upernet"]
+__all__ = ["PROTOCOLS", "build_upernet"]
+
+SIMPLE_PYRAMID_CHANNELS = 256  # the simple pyramid's default width
+SIMPLE_PYRAMID_HEAD_CHANNELS = 512  # mmseg's UPerHead default, the simple-pyramid protocol's head width
 
 
 def _is_pyramid(module: nn.Module) -> bool:
@@ -17,13 +35,31 @@ def _is_pyramid(module: nn.Module) -> bool:
     return isinstance(getattr(module, "out_channels", None), int)
 
 
+def _pyramid(backbone: nn.Module, protocol: str, pyramid_channels: Optional[int],
+             out_indices: Optional[Sequence[int]]) -> nn.Module:
+    """The protocol's pyramid on a timm ``backbone``; ValueError for an option of the other protocol."""
+    if protocol == "vim":
+        if pyramid_channels is not None:
+            raise ValueError(f"pyramid_channels={pyramid_channels} is the simple-pyramid protocol's width, and the vim "
+                             f"protocol's levels keep the backbone's: leave it out (--model-kwargs "
+                             f"pyramid_channels=null where the recipe sets it), or use --protocol simple-pyramid")
+        return MultiBlockPyramid(backbone, out_indices)
+    if out_indices is not None:
+        raise ValueError(f"out_indices={list(out_indices)} is the vim protocol's, and the simple pyramid reads the "
+                         f"last block only: leave it out, or use --protocol vim")
+    channels = SIMPLE_PYRAMID_CHANNELS if pyramid_channels is None else pyramid_channels
+    return SimpleFeaturePyramid(backbone, out_channels=channels, top_block=False)  # no "pool" level
+
+
 def build_upernet(
     backbone: Union[str, nn.Module],
     num_classes: int,
-    channels: int = 512,
-    pyramid_channels: int = 256,
+    protocol: str = "simple-pyramid",
+    channels: Optional[int] = None,
+    pyramid_channels: Optional[int] = None,
     aux_channels: int = 256,
     pool_scales: Sequence[int] = (1, 2, 3, 6),
+    out_indices: Optional[Sequence[int]] = None,
     **kwargs: Any,
 ) -> UperNet:
     """UperNet on ``backbone``: (B, 3, H, W) images -> (B, num_classes, H, W) logits.
@@ -31,10 +67,15 @@ def build_upernet(
     ``backbone`` is a timm model name (made by :func:`weightformer.models.pyramid.build_backbone`
     with ``**kwargs``, e.g. ``pretrained=True``, ``drop_path_rate=0.1``), a timm backbone module,
     or a module that already returns a pyramid (a dict of stride 4, 8, 16, 32 maps with an
-    ``out_channels`` attribute), used as it is. Names and backbone modules get a
-    :class:`weightformer.models.pyramid.SimpleFeaturePyramid` of ``pyramid_channels`` channels.
-    ``channels`` is the head's width; ``aux_channels`` 0 leaves out the auxiliary FCN head.
+    ``out_channels`` attribute), used as it is. Names and backbone modules get the pyramid of
+    ``protocol`` (see the module docstring): ``vim`` reads the blocks ``out_indices`` (default:
+    :func:`~weightformer.models.multiblock_pyramid.spread_indices`), ``simple-pyramid`` is
+    ``pyramid_channels`` wide (default 256). ``channels`` is the head's width (default: the
+    pyramid's width under ``vim``, 512 otherwise); ``aux_channels`` 0 leaves out the auxiliary FCN
+    head, which reads the stride-16 level.
     """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
     if isinstance(backbone, nn.Module) and _is_pyramid(backbone):
         if kwargs:
             raise TypeError(f"build_upernet got a ready pyramid, so it cannot take arguments {sorted(kwargs)}")
@@ -44,7 +85,9 @@ def build_upernet(
             backbone = build_backbone(backbone, **kwargs)
         elif kwargs:
             raise TypeError(f"build_upernet got a backbone module, so it cannot take arguments {sorted(kwargs)}")
-        pyramid = SimpleFeaturePyramid(backbone, out_channels=pyramid_channels, top_block=False)  # no "pool" level
+        pyramid = _pyramid(backbone, protocol, pyramid_channels, out_indices)
+    if channels is None:
+        channels = pyramid.out_channels if protocol == "vim" else SIMPLE_PYRAMID_HEAD_CHANNELS
     head = UperNetHead(pyramid.out_channels, num_classes, channels=channels, pool_scales=pool_scales)
     aux_head = FCNHead(pyramid.out_channels, num_classes, channels=aux_channels) if aux_channels else None
-    return UperNet(pyramid, head, aux_head)
+    return UperNet(pyramid, head, aux_head, aux_level="2")

@@ -1,13 +1,16 @@
 """Segmentation's recipes: the offline shapes set's own, the paper's ADE20K UperNet recipe, and two for a
 user's own folder that the paper's recipe does not fit (from scratch, or fine-tuning ``--init`` weights).
 
-The paper's recipe (mmseg's 160k-step DeiT-S schedule: 127 epochs at 8 x 2 crops of 512 px, AdamW 6e-5)
-fine-tunes a pretrained backbone on ADE20K's 20,210 images. It is chosen only where it fits: ``--init``
-gives the backbone AND the folder holds at least :data:`FULL_SCALE_IMAGES` training images (half of
-ADE20K's, so its 127 epochs still take about 80k steps at batch 16). Anywhere else it would take a few
-steps an epoch at a learning rate meant for pretrained weights. A smaller folder, or one without
-``--init``, gets the shapes job's recipe, which is known to learn (mIoU 76.7 in 5 CPU minutes, see
-docs/dense.md): batch 16, lr 1e-3 at that batch, 50 epochs, on crops sized for the user's images.
+The paper's recipe is Vim's ViT UperNet protocol (hustvl/Vim
+``seg/configs/vim/upernet/upernet_vim_small_24_512_slide_60k.py``, the protocol of the DeiT-S 44.0 mIoU
+the paper compares with): WeightFormer-S under ``seg_protocol: vim``, 60k steps at 4 x 8 crops of 512 px
+(95 epochs), AdamW 1e-4, layer decay 0.92. It fine-tunes a pretrained backbone on ADE20K's 20,210 images
+and is chosen only where it fits: ``--init`` gives the backbone AND the folder holds at least
+:data:`FULL_SCALE_IMAGES` training images (half of ADE20K's, so its 95 epochs still take about 30k steps
+at batch 32). Anywhere else it would take a few steps an epoch at a learning rate meant for pretrained
+weights. A smaller folder, or one without ``--init``, gets the shapes job's recipe, which is known to learn
+(docs/dense.md): batch 16, lr 1e-3 at that batch, 50 epochs, on crops sized for the user's images.
+mmseg's DeiT-S 160k schedule is the named alternative, ``configs/ade20k_upernet_weightformer_s_160k.yaml``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..data.errors import DataError
-from ..data.images import image_sizes
 from ..engine.recipes import Recipe, RecipeChoice, count_files
-from .data import IMAGE_EXTENSIONS, find_root
 from .synthetic import SHAPES_NAME
 
 __all__ = ["ADE20K", "FINE_TUNE", "FULL_SCALE_IMAGES", "OFFLINE", "RECIPES", "SMALL_DATA", "choose_recipe",
@@ -45,16 +46,17 @@ OFFLINE = Recipe("offline", "the shapes set's small-CPU recipe (a 4-block 96-d W
     "warmup_epochs": 1, "workers": 1, "seg_crop": 64, "seg_stride": 43,
 })
 
-# configs/ade20k_upernet_weightformer_s_160k.yaml without its data and output, and without num_classes:
+# configs/ade20k_upernet_weightformer_s_vim_60k.yaml without its data and output, and without num_classes:
 # the data's own count applies (ADEChallengeData2016's objectInfo150.txt lists its 150).
-ADE20K = Recipe("ade20k-upernet", "the paper's ADE20K UperNet recipe (mmseg's 160k schedule: WeightFormer-S, 512 px "
-                                  "crops, batch 2 per process, 16 on 8 GPUs, AdamW 6e-5 at batch 16 with linear "
-                                  "decay, fp16, sliding-window evaluation)", {
-    "model": "weightformer_small", "model_kwargs": {"drop_path_rate": 0.1}, "reduce_zero_label": True,
-    "img_size": 512, "epochs": 127, "batch_size": 2, "opt": "adamw",
-    "lr": 1.92e-3, "weight_decay": 0.01, "sched": "poly", "decay_rate": 1.0, "min_lr": 0.0,
-    "warmup_epochs": 1.19, "warmup_lr": 1.92e-9, "clip_grad": None, "hflip": 0.5,
-    "seg_inference": "slide", "seg_crop": 512, "seg_stride": 341, "amp": "fp16", "workers": 4,
+ADE20K = Recipe("ade20k-upernet", "the paper's ADE20K UperNet recipe (Vim's ViT UperNet protocol: WeightFormer-S "
+                                  "blocks 4/8/12/16 at strides 4-32, 512 px crops, batch 8 per process, 32 on 4 GPUs, "
+                                  "60k steps, AdamW 1e-4 at batch 32, layer decay 0.92, poly decay, sliding-window "
+                                  "evaluation)", {
+    "model": "weightformer_small", "model_kwargs": {"drop_path_rate": 0.1}, "seg_protocol": "vim",
+    "reduce_zero_label": True, "img_size": 512, "epochs": 95, "batch_size": 8, "opt": "adamw",
+    "lr": 1.6e-3, "weight_decay": 0.05, "layer_decay": 0.92, "sched": "poly", "decay_rate": 1.0, "min_lr": 0.0,
+    "warmup_epochs": 2.377, "warmup_lr": 1.6e-9, "clip_grad": None, "hflip": 0.5,
+    "seg_inference": "slide", "seg_crop": 512, "seg_stride": 341, "amp": "none", "workers": 4,
 })
 
 
@@ -86,6 +88,9 @@ def _crop_for(train_dir: Path) -> tuple[int, str]:
     """The small-data crop for the images of ``train_dir``: :data:`SMALL_CROP`, or, for smaller images,
     the median short side of the first :data:`SAMPLED_IMAGES` (read from their headers) rounded down to
     a multiple of 32 (the backbone's coarsest stride), at least 64; and what the reason says about it."""
+    from ..data.images import image_sizes  # here, as below: the CLI starts without numpy/PIL
+    from .data import IMAGE_EXTENSIONS  # here: segmentation.data imports torch, and the CLI starts without it
+
     sides = [min(size) for size in image_sizes(train_dir, SAMPLED_IMAGES, IMAGE_EXTENSIONS)]
     if not sides or statistics.median(sides) >= SMALL_CROP:
         return SMALL_CROP, ""
@@ -96,6 +101,8 @@ def _crop_for(train_dir: Path) -> tuple[int, str]:
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     """See the module docstring: shapes' own; for a folder, by its training images and ``--init``."""
+    from .data import IMAGE_EXTENSIONS, find_root  # here: segmentation.data imports torch
+
     if data == SHAPES_NAME:
         return RecipeChoice(OFFLINE, "shapes is the offline data set")
     init = settings.get("init")

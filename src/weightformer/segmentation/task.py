@@ -11,31 +11,33 @@ add zero), plus ``aux_weight`` times the same loss on the auxiliary head's logit
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..checkpoint import CheckpointError
-from ..engine.distributed import DistInfo
 from ..engine.errors import model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes
 from .config import SegmentationConfig
-from .evaluation import eval_transform, evaluate
-from .data import (IGNORE_INDEX, SegmentationBatch, SegmentationFolder, TrainTransform,
-                   class_names, collate_segmentation, find_root, folder_classes)
-from .model import build_upernet
+
+if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+    import torch
+    from torch import Tensor, nn
+    from torch.utils.data import DataLoader
+
+    from ..engine.distributed import DistInfo
+    from .data import SegmentationBatch
 
 __all__ = ["BACKBONE_PATH", "SegmentationTask", "build_segmenter", "training_loss"]
 
-BACKBONE_PATH = "pyramid.backbone"  # the timm model inside the segmenter (UperNet -> SimpleFeaturePyramid)
+BACKBONE_PATH = "pyramid.backbone"  # the timm model inside the segmenter (UperNet -> either protocol's pyramid)
 
 
 def _cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    import torch.nn.functional as F
+
+    from .data import IGNORE_INDEX
+
     # mean over every pixel, ignored ones included (mmseg's avg_non_ignore=False): never NaN on an all-ignored crop
     return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="none").mean()
 
@@ -61,20 +63,27 @@ def training_loss(
 
 
 def build_segmenter(meta: Mapping[str, Any]) -> nn.Module:
-    """The UperNet of a checkpoint's ``meta``: ``build_upernet(meta["model"], meta["num_classes"], **meta["model_kwargs"])``.
+    """The UperNet of a checkpoint's ``meta``: ``build_upernet(meta["model"], meta["num_classes"],
+    protocol=meta["protocol"], **meta["model_kwargs"])``.
 
-    ``model_kwargs`` holds the head's widths (``channels``, ``pyramid_channels``, ``aux_channels``,
-    ``pool_scales``) and the backbone's timm arguments. A keyword neither takes, or a value the
-    model refuses, is a :class:`ConfigError`.
+    ``protocol`` is the run's ``seg_protocol``; a checkpoint written before it existed holds none and
+    rebuilds as the simple pyramid it was trained with. ``model_kwargs`` holds the head's widths
+    (``channels``, ``pyramid_channels``, ``aux_channels``, ``pool_scales``), the vim protocol's
+    ``out_indices`` and the backbone's timm arguments. A keyword neither takes, or a value the model
+    refuses, is a :class:`ConfigError`.
     """
+    from .model import build_upernet
+
     kwargs = meta["model_kwargs"]
-    with model_arguments_checked(f"an UperNet on {meta['model']}", kwargs,
-                                 " (head widths: channels, pyramid_channels, aux_channels, pool_scales)"):
-        return build_upernet(meta["model"], meta["num_classes"], **kwargs)
+    protocol = meta.get("protocol", "simple-pyramid")
+    with model_arguments_checked(f"an UperNet on {meta['model']} ({protocol} protocol)", kwargs,
+                                 " (head widths: channels, pyramid_channels, aux_channels, pool_scales; "
+                                 "the vim protocol's out_indices)"):
+        return build_upernet(meta["model"], meta["num_classes"], protocol=protocol, **kwargs)
 
 
 class SegmentationTask(Task):
-    """Train an UperNet (on a timm backbone's simple feature pyramid) on ADE20K-layout data.
+    """Train an UperNet (on a timm backbone's pyramid, by ``seg_protocol``) on ADE20K-layout data.
 
     Training uses mmseg's ADE20K pipeline scaled to ``img_size`` (random resize of the short side
     to 0.5-2x img_size, an img_size crop, flip, photometric distortion); evaluation resizes the
@@ -118,6 +127,9 @@ class SegmentationTask(Task):
         self.distributed_cuda = False  # set by build_data: several CUDA processes share the batch statistics
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
+        from .data import SegmentationFolder, TrainTransform, class_names, collate_segmentation, find_root, folder_classes
+        from .evaluation import eval_transform
+
         cfg = self.cfg
         self.distributed_cuda = dist_info.world_size > 1 and dist_info.device.type == "cuda"
         root = find_root(cfg.data)
@@ -141,12 +153,14 @@ class SegmentationTask(Task):
         cfg = self.cfg
         assert self.num_classes is not None, "build_data comes first"
         meta = {
-            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
+            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), "protocol": cfg.seg_protocol,
             "num_classes": self.num_classes, "reduce_zero_label": cfg.reduce_zero_label, "img_size": self.img_size,
             "data": cfg.data, "classes": self.classes,
         }
         model = build_segmenter(meta)
         if self.distributed_cuda:  # mmseg's SyncBN: batch statistics over every process's images (CUDA only)
+            from torch import nn
+
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return model.to(device), meta
 
@@ -162,6 +176,8 @@ class SegmentationTask(Task):
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, float]:
+        from .evaluation import evaluate
+
         cfg = self.cfg
         result = evaluate(model, loader, self.num_classes, device, cfg.seg_inference, cfg.seg_crop, cfg.seg_stride, amp)
         return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"],

@@ -1,0 +1,116 @@
+"""BEiT's and Vim's ViT UperNet neck: four blocks spread over the depth of a plain backbone, at strides 4 to 32.
+
+Where ViTDet's simple pyramid (:mod:`weightformer.models.pyramid`) builds every level from the last block,
+BEiT (microsoft/unilm ``beit/semantic_segmentation/backbone/beit.py``) and Vim (hustvl/Vim
+``seg/backbone/vim.py``, configs ``seg/configs/vim/upernet/*``) read the output of four blocks,
+``out_indices`` (5, 11, 17, 23 of Vim's 24), and resample each one to its own stride, keeping the
+backbone's width C:
+
+    block out_indices[0] -> ConvT 2x2 (C -> C) -> BatchNorm -> GELU -> ConvT 2x2 (C -> C)   stride 4
+    block out_indices[1] -> ConvT 2x2 (C -> C)                                            stride 8
+    block out_indices[2] -> identity                                                       stride 16
+    block out_indices[3] -> max-pool 2x2                                                   stride 32
+
+There are no further convolutions: UperNet's lateral convs come next. The transposed convolutions keep
+PyTorch's default initialisation, as in both references.
+
+The blocks are read without the backbone's final norm, as both references do (BEiT's segmentation
+backbone has none; Vim leaves its ``norm_f`` out of the features). The norm stays in the backbone, so
+that a classifier's weights load as they are, and is frozen (``requires_grad=False``): it gets no
+gradient and no optimizer state, and DistributedDataParallel finds no unused parameter. For the same
+reason the last index must be the last block (every reference's is): blocks after it would get no
+gradient.
+
+Default ``out_indices`` (:func:`spread_indices`): the last block and every (depth // 4)-th block before
+it. For Vim's 24 blocks that is Vim's 5, 11, 17, 23; for WeightFormer's 17, 4, 8, 12, 16; for 12 it is
+2, 5, 8, 11 (mmseg's ViT; BEiT-B uses 3, 5, 7, 11).
+
+Input sizes: as the simple pyramid does, sides that are not multiples of 32 are zero-padded at the bottom
+and right, so that the stride-32 level drops no pixel; level k of an H x W image is
+(ceil(H/32)·32/stride_k) x (ceil(W/32)·32/stride_k), and :class:`~weightformer.models.upernet.UperNet`
+cuts its logits back to H x W.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Dict, Optional, Sequence
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["MultiBlockPyramid", "spread_indices"]
+
+STRIDES = (4, 8, 16, 32)  # one level per block read
+
+
+def spread_indices(depth: int) -> list[int]:
+    """Four block indices over ``depth`` blocks: the last and every (depth // 4)-th before it.
+
+    24 -> [5, 11, 17, 23] (Vim's), 17 -> [4, 8, 12, 16], 12 -> [2, 5, 8, 11], 4 -> [0, 1, 2, 3].
+    """
+    if depth < len(STRIDES):
+        raise ValueError(f"the multi-block pyramid reads {len(STRIDES)} different blocks, and the backbone has "
+                         f"{depth}; use a deeper backbone or the simple-pyramid protocol")
+    step = depth // len(STRIDES)
+    return [depth - 1 - step * (len(STRIDES) - 1 - k) for k in range(len(STRIDES))]
+
+
+def _resample(stride: int, dim: int) -> nn.Module:
+    """The module that brings a stride-16 map of ``dim`` channels to ``stride``, at the same width."""
+    if stride == 4:
+        return nn.Sequential(nn.ConvTranspose2d(dim, dim, 2, stride=2), nn.BatchNorm2d(dim), nn.GELU(),
+                             nn.ConvTranspose2d(dim, dim, 2, stride=2))
+    if stride == 8:
+        return nn.ConvTranspose2d(dim, dim, 2, stride=2)
+    if stride == 16:
+        return nn.Identity()
+    return nn.MaxPool2d(kernel_size=2, stride=2)
+
+
+class MultiBlockPyramid(nn.Module):
+    """Four blocks of a plain stride-16 timm backbone as a pyramid {"0": stride 4, ..., "3": stride 32}.
+
+    ``forward`` maps (B, 3, H, W) images to an ordered dict of (B, C, h_k, w_k) maps, C the backbone's
+    width (``out_channels``); ``strides`` gives each key's stride and ``out_indices`` the blocks read,
+    finest level first. The backbone needs timm's ``forward_intermediates`` and ``feature_info`` (one
+    entry per block, as timm's ViT/DeiT and WeightFormer have).
+    """
+
+    def __init__(self, backbone: nn.Module, out_indices: Optional[Sequence[int]] = None):
+        super().__init__()
+        if not hasattr(backbone, "forward_intermediates") or not hasattr(backbone, "feature_info"):
+            raise ValueError(
+                f"{type(backbone).__name__} lacks forward_intermediates/feature_info; pass a timm model "
+                f"such as build_backbone('weightformer_tiny')"
+            )
+        last = backbone.feature_info[-1]
+        dim, in_stride = last["num_chs"], last["reduction"]
+        if in_stride != 16:
+            raise ValueError(f"the pyramid expects a stride-16 backbone, {type(backbone).__name__} has stride "
+                             f"{in_stride}")
+        depth = len(backbone.feature_info)
+        indices = spread_indices(depth) if out_indices is None else [int(i) for i in out_indices]
+        if (len(indices) != len(STRIDES) or indices != sorted(set(indices)) or indices[0] < 0
+                or indices[-1] != depth - 1):
+            raise ValueError(f"out_indices must be {len(STRIDES)} increasing block indices ending with the last "
+                             f"block, {depth - 1} (the blocks after it would get no gradient), got {indices}")
+        norm = getattr(backbone, "norm", None)
+        if isinstance(norm, nn.Module):
+            norm.requires_grad_(False)  # not read: see the module docstring
+        self.backbone = backbone
+        self.out_indices = indices
+        self.out_channels = dim
+        self.levels = nn.ModuleList(_resample(stride, dim) for stride in STRIDES)
+        self.strides: Dict[str, int] = {str(k): stride for k, stride in enumerate(STRIDES)}
+
+    def forward(self, images: Tensor) -> "OrderedDict[str, Tensor]":
+        H, W = images.shape[-2:]
+        d = STRIDES[-1]
+        # zeros at the bottom and right: (B, 3, H, W) -> (B, 3, H', W'), H' and W' multiples of 32
+        images = F.pad(images, (0, math.ceil(W / d) * d - W, 0, math.ceil(H / d) * d - H))
+        blocks = self.backbone.forward_intermediates(  # 4 x (B, C, H'/16, W'/16), without the final norm
+            images, indices=self.out_indices, norm=False, output_fmt="NCHW", intermediates_only=True
+        )
+        return OrderedDict((str(k), level(x)) for k, (level, x) in enumerate(zip(self.levels, blocks)))
