@@ -60,7 +60,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"{describe(machine_info(args.device))}")
+    machine = machine_info(args.device)
+    print(describe(machine))
+    print(f"command: {machine['command']}")
     print(f"{args.model} {args.mode} at {args.resolution}², batch {args.batch}, {args.steps} step(s)")
     print(profile_table(args.model, args.resolution, args.batch, args.mode, args.steps, args.rows, args.by_shape, args.device))
     return 0

@@ -1,6 +1,13 @@
-"""Measure every CPU target of issue 4, section 3, side by side in one run (fp32, 2 torch threads).
+"""Measure every CPU target of issue 4, section 3, and issue 19's inference-memory ratios, side by side
+in one run (fp32, 2 torch threads).
 
-    python benchmarks/targets.py [--repetitions 5] [--out benchmarks/results/targets_cpu.json]
+    python benchmarks/targets.py [--repetitions 5] [--sweep-results benchmarks/results/cpu/results.json]
+                                 [--out benchmarks/results/targets_cpu.json]
+
+The inference-memory ratios (1248², batch 1: WeightFormer-T's extra peak over DeiT-T's with explicit
+attention, target <= 9%, and with fused attention, target <= 0.7x) are taken from a sweep's results.json
+when ``--sweep-results`` names one (its inference-memory rows are measured the same way, each model in a
+fresh process), else measured here.
 
 Prints one line per target (measured value, threshold, met or not) and writes the same, with the raw
 samples and the machine, as JSON. Models that are compared are timed round-robin in one process.
@@ -28,7 +35,7 @@ from weightformer.bench.timing import (
     time_call,
     training_step,
 )
-from weightformer.bench.variants import TRAIN, build_variant, get_variant, random_batch
+from weightformer.bench.variants import INFER, TRAIN, build_variant, get_variant, random_batch
 
 HIGH, MID, LOW = 1248, 624, 224
 TRAIN_BATCH = GEMM_BATCH = 16
@@ -166,6 +173,50 @@ def memory_targets() -> tuple:
     return targets, {key: r.as_dict() for key, r in reports.items()}
 
 
+INFERENCE_MEMORY_MODELS = ("wf-t", "deit-t", "deit-t-explicit")
+
+
+def inference_memory_from_results(document: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The 1248², batch-1 inference-memory rows of a sweep's result document, by model; ``ValueError``
+    naming what is missing if one of :data:`INFERENCE_MEMORY_MODELS` was not measured there."""
+    rows = {
+        r["model"]: r
+        for r in document["rows"]
+        if r["measurement"] == "infer_memory" and r["resolution"] == HIGH and r["batch"] == 1 and r["status"] == "ok"
+    }
+    missing = [key for key in INFERENCE_MEMORY_MODELS if key not in rows]
+    if missing:
+        raise ValueError(f"the sweep results have no {HIGH}² batch-1 inference memory of {', '.join(missing)}")
+    return {key: {"extra_mib": rows[key]["value"], "peak_mib": rows[key]["peak_mib"],
+                  "baseline_mib": rows[key]["baseline_mib"], "method": rows[key]["method"]}
+            for key in INFERENCE_MEMORY_MODELS}
+
+
+def inference_memory_targets(reports: Dict[str, Dict[str, Any]], source: str) -> List[Dict[str, Any]]:
+    """Issue 19's targets from the extra peak MiB of one 1248² forward of each model
+    (``reports[key]["extra_mib"]``)."""
+    wf, fused, explicit = (reports[key]["extra_mib"] for key in INFERENCE_MEMORY_MODELS)
+    detail = (f"extra peak of one forward over a warmed-up process, each model in a fresh process ({source}): "
+              f"WeightFormer-T {wf:.0f} MiB, DeiT-T fused {fused:.0f} MiB, DeiT-T explicit {explicit:.0f} MiB")
+    return [
+        _target("1248² b1 inference extra peak memory: WeightFormer-T / DeiT-T (explicit attention)",
+                wf / explicit, 0.09, False, "×", detail),
+        _target("1248² b1 inference extra peak memory: WeightFormer-T / DeiT-T (fused)",
+                wf / fused, 0.7, False, "×", detail),
+    ]
+
+
+def measure_inference_memory(sweep_results: Optional[Path]) -> tuple:
+    """:func:`inference_memory_targets` from ``sweep_results`` (a sweep's results.json), or measured here."""
+    if sweep_results is not None:
+        reports = inference_memory_from_results(json.loads(sweep_results.read_text()))
+        source = f"from {sweep_results}"
+    else:
+        reports = {key: measure_memory(key, INFER, HIGH, 1).as_dict() for key in INFERENCE_MEMORY_MODELS}
+        source = "measured by this script"
+    return inference_memory_targets(reports, source), reports
+
+
 def format_table(targets: List[Dict[str, Any]]) -> str:
     """The targets as an aligned text table."""
     width = max(len(t["target"]) for t in targets)
@@ -184,10 +235,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--min-rep-seconds", type=float, default=0.5, help="a timed repetition lasts at least this")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/targets_cpu.json"))
+    parser.add_argument("--sweep-results", type=Path, default=None,
+                        help="a sweep's results.json to take the 1248² inference memory from (default: measure it)")
     args = parser.parse_args(argv)
     try:
         check_out_dir(args.out.parent, names=[args.out.name], flag="--out")  # before the measurements, not after
-    except OutputError as error:
+        if args.sweep_results is not None:  # readable and holding the points, before the measurements
+            inference_memory_from_results(json.loads(args.sweep_results.read_text()))
+    except (OutputError, OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
@@ -201,6 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         ("gemm", lambda: gemm_target(args.repetitions, args.min_rep_seconds)),
         ("training", lambda: training_targets(args.repetitions, args.min_rep_seconds)),
         ("memory", memory_targets),
+        ("inference memory", lambda: measure_inference_memory(args.sweep_results)),
     ):
         print(f"measuring {name} targets ...", flush=True)
         found, raw[name] = measure()
@@ -211,7 +267,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "machine": machine,
-        "settings": {"dtype": "float32", "threads": args.threads, "repetitions": args.repetitions},
+        "settings": {"dtype": "float32", "threads": args.threads, "repetitions": args.repetitions,
+                     "sweep_results": None if args.sweep_results is None else str(args.sweep_results)},
         "targets": targets,
         "raw": raw,
     }

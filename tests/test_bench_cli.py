@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from weightformer.bench import cli as bench_cli
+from weightformer.bench import report
 from weightformer.bench.sweep import Sweep, SweepConfig
 from weightformer.cli import main
 
@@ -162,7 +163,7 @@ def _fake_result(config):
            "samples_s": [0.08], "reason": ""}
     machine = {"gpu": None, "cpu": "test cpu", "cpu_affinity": 1, "cpu_count": 1, "torch": "x", "torch_threads": 1,
                "date": "2026-01-01"}
-    return {"machine": machine, "config": {"dtype": "float32"}, "elapsed_s": 1.0, "points_measured": 1,
+    return {"machine": machine, "config": {"dtype": "float32", "device": config.device}, "elapsed_s": 1.0, "points_measured": 1,
             "points_reused": 0, "rows": [row], "flops": []}
 
 
@@ -172,7 +173,7 @@ def test_results_are_printed_before_they_are_written(tmp_path, capsys, monkeypat
     def disk_full(result, out):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bench_cli, "write_all", disk_full)
+    monkeypatch.setattr(report, "write_all", disk_full)  # the CLI imports it when the sweep has run
     with pytest.raises(OSError):
         main(["bench", "--models", "wf-t", "--resolutions", "32", "--device", "cpu", "--out", str(tmp_path)])
     assert "| WeightFormer-T |" in capsys.readouterr().out

@@ -5,28 +5,32 @@ bench command: :func:`~weightformer.bench.report.claim_out_dir`): a bad one ends
 on stderr and exit status 2. Each point is appended to ``points.jsonl`` in the output folder as it is measured;
 ``--resume`` takes the points already there. SIGINT and SIGTERM stop the sweep between calls with
 exit status 130 and 143, keeping the points measured so far.
+
+The parser is built from torch-free modules (:mod:`.settings`, :mod:`.options`, :mod:`.variants`), so
+``--help`` and a bad flag answer without importing torch; :func:`run` imports the sweep.
 """
 
 import argparse
+import shlex
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import torch
+from .journal import JOURNAL_NAME
+from .machine import command_line
+from .options import DEVICE_HELP, add_overwrite_argument, from_text, number, one_line_error, parse_int, strings
+from .settings import DTYPES, MEASUREMENTS, MODES, OUTPUT_NAMES, check_choices, check_models, check_resolution
+from .variants import VARIANTS
 
-from .journal import JOURNAL_NAME, JournalMismatch
-from .options import add_overwrite_argument, default_device, from_text, number, one_line_error, parse_int, strings
-from .report import OUTPUT_NAMES, OutputError, claim_out_dir, markdown_table, write_all
-from .sweep import DTYPES, MEASUREMENTS, MODES, Sweep, SweepConfig, check_choices, check_models, check_resolution
-from .variants import TRAIN, VARIANTS
+if TYPE_CHECKING:
+    from .sweep import SweepConfig
 
 DEFAULT_MODELS = ["wf-t", "wf-t-naive", "wf-t-ckpt", "deit-t", "deit-t-explicit", "wf-s", "deit-s"]
 DEFAULT_RESOLUTIONS = [224, 448, 624, 896, 1248, 2048]
 DEFAULT_BATCHES = "224:16,448:4,1"
 DEFAULT_TRAIN_RESOLUTIONS = [224, 448, 624, 1248]
-DEFAULT_MEMORY_RESOLUTIONS = [224, 624, 1248]
 # --quick: what it leaves of the sweep, unless given explicitly.
 QUICK = {"models": ["wf-t", "deit-t"], "resolutions": [224, 448], "measure": ["infer", "flops"]}
 EXIT_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -37,8 +41,10 @@ timm's DeiT, written as results.json, results.csv, results.md and scaling.png.
 
 A bare `weightformer bench` runs the full sweep: WeightFormer-T (fast, naive, checkpointed) and DeiT-T
 (fused and explicit attention), WeightFormer-S and DeiT-S, at 224-2048 px, inference, training steps,
-memory and FLOPs. It took 814 s (13.5 minutes) on the 2-core machine of benchmarks/results/cpu;
-expect 15-20 minutes on a slower or busier machine. For a quick look use --quick (WeightFormer-T and
+FLOPs, and the extra peak memory of one inference call at every resolution and of one training step
+at every training resolution (each model in a fresh process). Expect about 20 minutes on the idle
+2-core machine of benchmarks/results/cpu (814 s before inference memory was measured everywhere),
+more on a slower or busier one. For a quick look use --quick (WeightFormer-T and
 DeiT-T, inference and FLOPs at 224 and 448 px: about 30 s there), or pick models and resolutions.
 
 Each point is saved to points.jsonl in --out as soon as it is measured: a sweep that is killed keeps
@@ -125,18 +131,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, from: {', '.join(MEASUREMENTS)} (default: all)")
     add("--train-resolutions", type=from_text(_resolutions, "resolutions"), default=DEFAULT_TRAIN_RESOLUTIONS,
         help=f"the resolutions that also get training steps (default: {_list(DEFAULT_TRAIN_RESOLUTIONS)})")
-    add("--memory-resolutions", type=from_text(_resolutions, "resolutions"), default=DEFAULT_MEMORY_RESOLUTIONS,
-        help=f"the resolutions that also get peak memory (default: {_list(DEFAULT_MEMORY_RESOLUTIONS)})")
-    add("--memory-modes", type=from_text(_choices(MODES, "memory modes"), "modes"), default=[TRAIN],
-        help=f"memory of 'infer' calls, 'train' steps or both, comma-separated (default: {TRAIN})")
+    add("--memory-resolutions", type=from_text(_resolutions, "resolutions"), default=None,
+        help="the resolutions that also get peak memory, of each mode where it is timed (default: all: inference "
+             "memory at every resolution, training memory at the --train-resolutions)")
+    add("--memory-modes", type=from_text(_choices(MODES, "memory modes"), "modes"), default=list(MODES),
+        help=f"memory of 'infer' calls, 'train' steps or both, comma-separated (default: {_list(MODES)})")
     add("--repetitions", type=number(1, integer=True), default=3,
         help="timed rounds per point; medians are reported (default: %(default)s)")
     add("--min-rep-seconds", type=number(0), default=1.0,
         help="a timed repetition lasts at least this many seconds (default: %(default)s)")
     add("--max-call-seconds", type=number(0, inclusive=False), default=15.0,
         help="skip points predicted to take longer per call, in seconds (default: %(default)s)")
-    add("--device", default=default_device(),
-        help="cpu, cuda, cuda:N or auto (default: %(default)s, here)")
+    add("--device", default="auto", help=DEVICE_HELP)
     add("--dtype", default="float32", choices=DTYPES, help="autocast dtype (default: %(default)s)")
     add("--threads", type=number(1, integer=True), default=None,
         help="torch CPU threads (default: torch's choice)")
@@ -148,8 +154,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overwrite_argument(parser, f"results ({', '.join(OUTPUT_NAMES)}) and {JOURNAL_NAME}")
 
 
-def config_from_args(args: argparse.Namespace) -> SweepConfig:
+def config_from_args(args: argparse.Namespace) -> "SweepConfig":
     """The ``SweepConfig`` that the parsed options describe (``--quick`` applied)."""
+    from .sweep import SweepConfig
+
     quick = getattr(args, "quick", False)
 
     def pick(name: str, default: Any) -> Any:
@@ -190,12 +198,14 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def _sweep(config: SweepConfig, out: Path, resume: bool) -> Optional[Dict[str, Any]]:
+def _sweep(config: "SweepConfig", out: Path, resume: bool, command: str) -> Optional[Dict[str, Any]]:
     """Run the sweep with SIGINT/SIGTERM turned into ``Stopped``; None (and a message) if stopped."""
+    from .sweep import Sweep
+
     in_main_thread = threading.current_thread() is threading.main_thread()  # only there can handlers be set
     previous = {signum: signal.signal(signum, _raise_stopped) for signum in EXIT_SIGNALS if in_main_thread}
     try:
-        return Sweep(config, log=_log, journal=out / JOURNAL_NAME, resume=resume).run()
+        return Sweep(config, log=_log, journal=out / JOURNAL_NAME, resume=resume, command=command).run()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -206,6 +216,8 @@ def claim_sweep_out_dir(out: Path, resume: bool, overwrite: bool) -> List[Path]:
     its results and journal are refused unless ``overwrite`` (moved aside) or ``resume`` with the journal
     there (continued in place). A ``resume`` without a journal has nothing to continue: results already
     there are refused as without it. Returns the files moved aside."""
+    from .report import OutputError, claim_out_dir
+
     if resume and overwrite:
         raise OutputError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
     journal = Path(out) / JOURNAL_NAME
@@ -214,17 +226,21 @@ def claim_sweep_out_dir(out: Path, resume: bool, overwrite: bool) -> List[Path]:
                          keep=resume and journal.is_file(), hint=hint, log=_log)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the sweep the options describe, print its table, write its outputs, and return the exit status."""
+def run(args: argparse.Namespace, command: Optional[str] = None) -> int:
+    """Run the sweep the options describe, print its table, write its outputs, and return the exit status.
+    ``command`` is the command line the results name (default: this process's)."""
+    from .journal import JournalMismatch
+    from .report import markdown_table, write_all
+
     try:
         config = config_from_args(args)
-        out = args.out or Path("benchmarks/results") / torch.device(config.device).type
+        out = args.out or Path("benchmarks/results") / config.device.split(":")[0]
         claim_sweep_out_dir(out, args.resume, getattr(args, "overwrite", False))
     except ValueError as error:  # a bad setting (SweepConfig) or an output folder that cannot take the results
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        result = _sweep(config, out, args.resume)
+        result = _sweep(config, out, args.resume, command or command_line())
     except JournalMismatch as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -259,4 +275,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_arguments(parser)
     parser.description = DESCRIPTION + "\n\nOther suites: " + "; ".join(
         f"`weightformer bench {name}` ({text})" for name, (_, text) in SUITES.items())
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(argv), command=shlex.join(["weightformer", "bench", *argv]))

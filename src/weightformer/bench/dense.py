@@ -19,6 +19,8 @@ Conventions:
   subprocess (see :mod:`weightformer.bench.memory`), minus the RSS before it.
 - Time: the models are timed round-robin at each size (one call per model per round), medians over the
   rounds, batch 1. A call predicted to take longer than ``--max-call-seconds`` is skipped and marked.
+
+The parser needs no torch (``--help`` and a bad flag answer at once); the measurements import it.
 """
 
 from __future__ import annotations
@@ -32,22 +34,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-import timm
-import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
-
-from ..engine.cli import run_reporting_errors
-from ..engine.errors import ConfigError
-from .machine import describe, machine_info
-from .memory import MIB, _proc_status_kib, _reset_peak_rss, cuda_peak
-from .options import (add_overwrite_argument, check_device, check_number, default_device, number, one_line_error,
+from .machine import describe
+from .options import (DEVICE_HELP, add_overwrite_argument, check_device, check_number, number, one_line_error,
                       strings)
-from ..engine.outputs import removed_if_failed
-from .report import claim_out_dir, write_atomic
-from .timing import median, time_call
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["BACKBONES", "DenseBenchConfig", "build_dense_model", "count_macs", "main", "markdown_table", "run"]
 
@@ -97,6 +91,8 @@ class DenseBenchConfig:
 
     def __post_init__(self) -> None:
         """Every setting checked on creation, as the flags are: a ValueError (ConfigError) naming it."""
+        from ..engine.errors import ConfigError
+
         unknown = [m for m in self.models if m not in BACKBONES]
         if unknown or not self.models:
             raise ConfigError(f"unknown or no models {unknown}; choose from {', '.join(BACKBONES)}")
@@ -111,6 +107,8 @@ class DenseBenchConfig:
 
 def build_dense_model(key: str) -> nn.Module:
     """The backbone ``key`` behind a 256-channel simple feature pyramid, randomly initialised."""
+    import timm
+
     from ..models.pyramid import SimpleFeaturePyramid, build_backbone
 
     spec = BACKBONES[key]
@@ -122,6 +120,9 @@ def build_dense_model(key: str) -> nn.Module:
 
 
 def _macs(fn: Callable[[], Any]) -> float:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     counter = FlopCounterMode(display=False)
     with torch.inference_mode(), counter:
         fn()
@@ -131,6 +132,8 @@ def _macs(fn: Callable[[], Any]) -> float:
 def count_macs(model: nn.Module, height: int, width: int) -> dict[str, float]:
     """GMACs per image of the trunk (``model.backbone``, on the padded image the pyramid gives it) and
     of the trunk with the pyramid."""
+    import torch
+
     fused = {m: m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")}
     for module in fused:
         module.fused_attn = False  # explicit QKᵀ and AV, which the counter sees
@@ -145,6 +148,8 @@ def count_macs(model: nn.Module, height: int, width: int) -> dict[str, float]:
 
 
 def _call(model: nn.Module, mode: str, height: int, width: int, device: str) -> Callable[[], None]:
+    import torch
+
     images = torch.randn(1, 3, height, width, device=device)
     if mode == INFER:
         def infer() -> None:
@@ -161,6 +166,10 @@ def _call(model: nn.Module, mode: str, height: int, width: int, device: str) -> 
 
 def _peak_memory_here(key: str, mode: str, height: int, width: int, device: str) -> float:
     """MiB that one call adds on top of what the built model holds (this process)."""
+    import torch
+
+    from .memory import MIB, _proc_status_kib, _reset_peak_rss, cuda_peak
+
     model = build_dense_model(key).to(device).train(mode == TRAIN)
     call = _call(model, mode, height, width, device)
     _call(model, mode, 64, 64, device)()  # warm-up: lazy allocations and kernels
@@ -178,6 +187,8 @@ def _peak_memory_here(key: str, mode: str, height: int, width: int, device: str)
 def peak_memory(key: str, mode: str, height: int, width: int, device: str) -> Optional[float]:
     """Peak MiB of one call: in this process on CUDA, in a fresh subprocess on CPU; None when the
     subprocess was killed (most likely out of memory)."""
+    import torch
+
     if torch.device(device).type == "cuda":
         return _peak_memory_here(key, mode, height, width, device)
     spec = json.dumps({"key": key, "mode": mode, "height": height, "width": width, "threads": torch.get_num_threads()})
@@ -193,6 +204,8 @@ def peak_memory(key: str, mode: str, height: int, width: int, device: str) -> Op
 def _time_size(models: dict[str, nn.Module], mode: str, height: int, width: int, config: DenseBenchConfig,
                log: Callable[[str], None]) -> dict[str, Optional[float]]:
     """Seconds per image of each model, round-robin, medians; None where a call would take too long."""
+    from .timing import median, time_call
+
     calls, first = {}, {}
     for key, model in models.items():
         model.train(mode == TRAIN)
@@ -212,6 +225,9 @@ def _time_size(models: dict[str, nn.Module], mode: str, height: int, width: int,
 
 def run(config: DenseBenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every model at every size; returns the result document (rows plus machine and settings)."""
+    from .machine import machine_info
+
+    machine = machine_info(config.device)  # at the start: the load average the measurements began under
     start = time.perf_counter()
     models = {key: build_dense_model(key).to(config.device) for key in config.models}
     rows = []
@@ -236,7 +252,7 @@ def run(config: DenseBenchConfig, log: Callable[[str], None] = print) -> dict[st
                     log(f"  {key} {mode} {height}x{width}: peak memory")
                     row[f"{mode}_peak_mib"] = peak_memory(key, mode, height, width, config.device)
             rows.append(row)
-    return {"machine": machine_info(config.device), "settings": {**config.__dict__, "sizes": [list(s) for s in config.sizes]},
+    return {"machine": machine, "settings": {**config.__dict__, "sizes": [list(s) for s in config.sizes]},
             "rows": rows, "elapsed_s": time.perf_counter() - start}
 
 
@@ -247,6 +263,8 @@ def _number(value: Optional[float], digits: int) -> str:
 def markdown_table(result: dict[str, Any]) -> str:
     """One table per size, with each column's ratio to the first model of the table."""
     lines = [f"Backbone + 256-channel simple feature pyramid, batch 1, {describe(result['machine'])}.", ""]
+    if result["machine"].get("command"):
+        lines += [f"Command: `{result['machine']['command']}`.", ""]
     modes = result["settings"]["modes"]
     for height, width in result["settings"]["sizes"]:
         rows = [r for r in result["rows"] if (r["height"], r["width"]) == (height, width)]
@@ -316,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-call-seconds", type=number(0, inclusive=False), default=60.0,
         help="skip a model whose first call takes longer (default: 60)")
     add("--no-memory", action="store_true", help="skip the peak-memory measurements")
-    add("--device", default=default_device(), help="cpu, cuda, cuda:N or auto (default: %(default)s, here)")
+    add("--device", default="auto", help=DEVICE_HELP)
     add("--out", type=Path, default=None,
         help=f"output folder (default: benchmarks/results/<device type>/dense); one that already holds "
              f"{' or '.join(OUTPUT_NAMES)} is refused unless --overwrite")
@@ -332,16 +350,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.memory_worker:  # one call in this fresh process: print its peak MiB
+        import torch
+
         spec = json.loads(args.memory_worker)
         torch.set_num_threads(spec["threads"])
         print(_peak_memory_here(spec["key"], spec["mode"], spec["height"], spec["width"], "cpu"))
         return 0
 
+    from ..engine.cli import run_reporting_errors
+
     def bench() -> int:
+        from ..engine.outputs import removed_if_failed
+        from .report import claim_out_dir, write_atomic
+
         config = DenseBenchConfig(models=args.models, sizes=args.sizes, modes=args.modes, repetitions=args.repetitions,
                                   max_call_seconds=args.max_call_seconds, device=args.device,
                                   memory=not args.no_memory)  # checks the device (one line for cuda without a GPU)
-        out = args.out or Path("benchmarks/results") / torch.device(config.device).type / "dense"
+        out = args.out or Path("benchmarks/results") / config.device.split(":")[0] / "dense"
         with removed_if_failed(out):
             claim_out_dir(out, OUTPUT_NAMES, args.overwrite, "weightformer bench dense",
                           log=lambda message: print(message, flush=True))

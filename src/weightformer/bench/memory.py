@@ -1,11 +1,11 @@
 """Peak memory of one inference call or training step.
 
 On CUDA: ``torch.cuda.max_memory_allocated`` around the call, in this process (``cuda_peak``, also used
-by benchmarks/gpu.py).
+by benchmarks/gpu.py), after the same warm-up call as on the CPU.
 
 On CPU: peak resident set size, measured in a fresh subprocess per point so that earlier points'
-allocations cannot hide this one's. The worker builds the model and optimizer, runs one warm-up
-step on a small image (loading kernels and creating AdamW's state), frees the gradients, reads its
+allocations cannot hide this one's. The worker builds the model (and, for a training step, AdamW),
+runs one warm-up call on a 64×64 image (loading kernels; creating AdamW's state), frees the gradients, reads its
 resident set size (the baseline), resets the kernel's high-water mark (``/proc/self/clear_refs``) and
 runs one step at the measured size. ``peak`` is the high-water mark (VmHWM); ``extra`` is peak minus
 baseline, i.e. activations, gradients and temporaries. glibc's mmap threshold is pinned at 128 KiB

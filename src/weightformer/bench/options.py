@@ -5,9 +5,12 @@
 - Numbers are finite and in range (:func:`number`): ``nan``, ``inf`` and out-of-range values are refused
   while parsing, before any work.
 - ``--device`` is checked by :func:`check_device` (the engine's ``pick_device``): cpu, cuda, cuda:N or
-  auto; cuda without a GPU is one line.
+  auto (the default: cuda where a GPU is visible, else cpu); cuda without a GPU is one line.
 - ``--out`` and ``--overwrite``: :func:`add_overwrite_argument` here, the rule itself in
   :func:`weightformer.bench.report.claim_out_dir`.
+
+Nothing here imports torch until a device is checked, so that a bench command's ``--help`` and a bad
+flag answer at once.
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ import math
 import sys
 from typing import Any, Callable, List, Optional
 
-import torch
-
-from ..engine.device import pick_device
-
-__all__ = ["add_overwrite_argument", "check_device", "check_number", "default_device", "from_text", "number",
+__all__ = ["DEVICE_HELP", "add_overwrite_argument", "check_device", "check_number", "from_text", "number",
            "one_line_error", "parse_float", "parse_int", "strings"]
+
+# The help of every bench command's --device, whose default is "auto".
+DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: auto, i.e. cuda where a GPU is visible, else cpu)"
 
 
 def one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], None]:
@@ -91,15 +93,12 @@ def number(minimum: float, inclusive: bool = True, integer: bool = False, maximu
     return from_text(parse, "an integer" if integer else "a number")
 
 
-def default_device() -> str:
-    """cuda where a GPU is visible, else cpu: the bench commands' ``--device`` default."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def check_device(device: str) -> str:
     """``device`` as the bench records it (``auto`` becomes cuda or cpu), checked by the engine's
     :func:`~weightformer.engine.device.pick_device`: a ``ConfigError`` (a ValueError) for a name that is
     no device, cuda without a GPU, or a GPU index this machine lacks."""
+    from ..engine.device import pick_device
+
     picked = pick_device(str(device))
     return picked.type if device == "auto" else str(device)
 

@@ -18,9 +18,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ..engine.errors import ConfigError
 from ..engine.outputs import claim_outputs
 from .journal import JOURNAL_NAME, write_atomic
-from .machine import describe
+from .machine import describe, provenance
+from .settings import OUTPUT_NAMES
 
-OUTPUT_NAMES = ("results.json", "results.csv", "results.md", "scaling.png")
+# How each memory figure is measured, by the method a memory row records (memory.MemoryReport.method).
+MEMORY_METHODS = {
+    "cpu": "peak resident set (VmHWM after clear_refs) during the call minus the resident set before it, each "
+           "model in a fresh process warmed up by one call on a 64×64 image",
+    "cuda": "torch.cuda.max_memory_allocated during the call minus torch.cuda.memory_allocated before it, after "
+            "a warm-up call on a 64×64 image",
+}
 
 CSV_COLUMNS = [
     "model",
@@ -108,7 +115,8 @@ def write_csv(result: Dict[str, Any], path: Path) -> None:
     """One line per (model, resolution, batch, measurement); the machine is named in a leading comment."""
     path.parent.mkdir(parents=True, exist_ok=True)
     f = io.StringIO(newline="")
-    f.write(f"# machine: {describe(result['machine'])}\n")
+    command = result["machine"].get("command")
+    f.write(f"# machine: {describe(result['machine'])}" + (f"; command: {command}" if command else "") + "\n")
     writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for row in result["rows"]:
@@ -135,12 +143,15 @@ def markdown_table(result: Dict[str, Any]) -> str:
     models = list(dict.fromkeys(r["model"] for r in rows)) or list(dict.fromkeys(f["model"] for f in flops.values()))
     resolutions = sorted({r["resolution"] for r in rows} | {f["resolution"] for f in flops.values()})
     labels = {r["model"]: r["label"] for r in rows}
+    where = "cuda" if str(result["config"]["device"]).startswith("cuda") else "cpu"
+    memory_header = "peak RSS" if where == "cpu" else "CUDA max allocated"
     lines = [
-        f"Machine: {describe(result['machine'])}, {result['config']['dtype']}.",
+        provenance(result["machine"]),
         "",
-        "Throughput in images/s (higher is better), memory is the extra peak of one call over the",
-        "process's baseline in MiB (lower is better); ratios in brackets are against the DeiT of the same",
-        "size with fused attention, at the same point. GMACs per image include attention matmuls.",
+        f"{result['config']['dtype']}. Throughput in images/s (higher is better). Memory in MiB (lower is better) "
+        f"is the extra peak of one call (one forward, or one training step) over a warmed-up process: "
+        f"{MEMORY_METHODS[where]}. Ratios in brackets are against the DeiT of the same size with fused "
+        "attention, at the same point. GMACs per image include attention matmuls.",
         "",
     ]
     for res in resolutions:
@@ -148,7 +159,8 @@ def markdown_table(result: Dict[str, Any]) -> str:
         lines += [
             f"### {res}×{res} (batch {batch})",
             "",
-            "| Model | Params (M) | GMACs | Inference img/s | Training img/s | Inference memory (MiB) | Training memory (MiB) |",
+            f"| Model | Params (M) | GMACs | Inference img/s | Training img/s "
+            f"| Inference memory (MiB, {memory_header}) | Training memory (MiB, {memory_header}) |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for model in models:

@@ -25,15 +25,12 @@ from .journal import Journal, Key
 from .machine import machine_info
 from .memory import is_oom
 from .options import check_device, check_number  # shared by every bench command (re-exported here)
+from .settings import DTYPES, MEASUREMENTS, MODES, PATCH, check_choices, check_models, check_resolution
 from .timing import inference_call, iterations_for, median, round_robin, time_call, training_step
-from .variants import INFER, TRAIN, VARIANTS, Variant, build_variant, get_variant, param_count, random_batch
+from .variants import INFER, TRAIN, Variant, build_variant, get_variant, param_count, random_batch
 
 THROUGHPUT = {INFER: "infer_throughput", TRAIN: "train_throughput"}
 MEMORY = {INFER: "infer_memory", TRAIN: "train_memory"}
-MEASUREMENTS = ("infer", "train", "memory", "flops")
-MODES = (INFER, TRAIN)
-DTYPES = ("float32", "bfloat16", "float16")
-PATCH = 16  # every benchmarked model cuts images into 16×16 patches
 # Row statuses besides "ok": not run (over the time budget, a worker timeout), or ran out of memory.
 SKIPPED, OOM = "skipped", "oom"
 # Order of the result rows: by resolution (as configured), then measurement, then model (as configured).
@@ -44,32 +41,12 @@ TRAIN_COST = 3.0
 MEMORY_BUDGET_FACTOR = 4.0
 
 
-def check_models(models: Sequence[str]) -> None:
-    """Raise ``ValueError`` unless ``models`` is a non-empty list of known model keys."""
-    if not models:
-        raise ValueError(f"no models given; choose from {', '.join(VARIANTS)}")
-    for key in models:
-        get_variant(key)
-
-
-def check_resolution(resolution: int) -> None:
-    """Raise ``ValueError`` unless ``resolution`` is a positive multiple of the 16-pixel patch."""
-    if resolution < PATCH or resolution % PATCH:
-        raise ValueError(f"resolution {resolution} is not a positive multiple of {PATCH} (the patch size), e.g. 224")
-
-
-def check_choices(what: str, values: Sequence[str], allowed: Sequence[str]) -> None:
-    """Raise ``ValueError`` unless ``values`` is a non-empty selection from ``allowed``."""
-    unknown = [v for v in values if v not in allowed]
-    if unknown or not values:
-        given = ", ".join(map(repr, unknown)) or "(none given)"
-        raise ValueError(f"unknown {what} {given}; choose from {', '.join(allowed)}")
-
-
 @dataclass
 class SweepConfig:
     """What to measure. ``None`` for the train/memory resolutions means every resolution.
 
+    Memory is measured for each of ``memory_modes`` at the resolutions where that mode is timed (every
+    resolution for inference, ``train_resolutions`` for training), restricted to ``memory_resolutions``.
     Every setting is checked on creation; a bad one raises ``ValueError`` naming the allowed values.
     """
 
@@ -80,7 +57,7 @@ class SweepConfig:
     measurements: Tuple[str, ...] = MEASUREMENTS
     train_resolutions: Optional[List[int]] = None
     memory_resolutions: Optional[List[int]] = None
-    memory_modes: Tuple[str, ...] = (TRAIN,)
+    memory_modes: Tuple[str, ...] = MODES
     repetitions: int = 3
     min_rep_seconds: float = 1.0
     max_call_seconds: float = 15.0
@@ -109,6 +86,15 @@ class SweepConfig:
 
     def batch_for(self, resolution: int) -> int:
         return self.batch_sizes.get(resolution, self.default_batch)
+
+    def measures(self, measurement: str, mode: str, resolution: int) -> bool:
+        """Whether the sweep measures ``measurement`` ("infer", "train" or "memory") of ``mode`` at ``resolution``."""
+        train_resolutions = self.resolutions if self.train_resolutions is None else self.train_resolutions
+        timed = mode == INFER or resolution in train_resolutions
+        if measurement == "memory":
+            in_memory = self.memory_resolutions is None or resolution in self.memory_resolutions
+            return "memory" in self.measurements and mode in self.memory_modes and timed and in_memory
+        return measurement in self.measurements and timed
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -187,8 +173,10 @@ class Sweep:
         log: Callable[[str], None] = print,
         journal: Optional[Path] = None,
         resume: bool = False,
+        command: Optional[str] = None,
     ):
         self.config = config
+        self.command = command  # the command line recorded with the machine (default: this process's)
         self.log = log
         self.journal_path = journal
         self.resume = resume
@@ -395,21 +383,20 @@ class Sweep:
 
     def _run(self) -> Dict[str, Any]:
         cfg = self.config
+        machine = machine_info(cfg.device, self.command)  # at the start: the load average the sweep began under
         start = time.perf_counter()
         variants = [get_variant(key) for key in cfg.models]
-        train_res = cfg.resolutions if cfg.train_resolutions is None else cfg.train_resolutions
-        memory_res = cfg.resolutions if cfg.memory_resolutions is None else cfg.memory_resolutions
         for resolution in cfg.resolutions:
             self.log(f"resolution {resolution}px, batch {cfg.batch_for(resolution)}")
             plan = {v.key: planned_flops(v, resolution) for v in variants}
-            if "infer" in cfg.measurements:
+            if cfg.measures("infer", INFER, resolution):
                 self._timed_point(resolution, INFER, [v for v in variants if INFER in v.modes], plan)
             if "flops" in cfg.measurements:
                 self._flops_point(resolution, variants, plan)
-            if "train" in cfg.measurements and resolution in train_res:
+            if cfg.measures("train", TRAIN, resolution):
                 self._timed_point(resolution, TRAIN, [v for v in variants if TRAIN in v.modes], plan)
-            if "memory" in cfg.measurements and resolution in memory_res:
-                for mode in cfg.memory_modes:
+            for mode in MODES:
+                if cfg.measures("memory", mode, resolution):
                     self._memory_point(resolution, mode, [v for v in variants if mode in v.modes], plan)
         # One order whichever points came from the journal: resolution, measurement, model, as configured.
         self.rows.sort(
@@ -420,7 +407,7 @@ class Sweep:
         attach_ratios(self.rows)
         attach_flops(self.rows, self.flops)
         return {
-            "machine": machine_info(cfg.device),
+            "machine": machine,
             "config": asdict(cfg),
             "elapsed_s": round(time.perf_counter() - start, 1),
             "points_measured": self.measured,

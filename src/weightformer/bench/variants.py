@@ -2,16 +2,17 @@
 
 A variant is a timm model name plus the switches that distinguish it (dynamic-layer implementation,
 fused or explicit attention, gradient checkpointing) and the baseline its ratios are taken against.
+The table of variants needs no torch (the CLI's help lists it); building one imports torch and timm.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-import timm
-import torch
-from torch import nn
-
-import weightformer  # noqa: F401  (registers the WeightFormer models with timm)
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 INFER = "infer"
 TRAIN = "train"
@@ -73,6 +74,10 @@ def get_variant(key: str) -> Variant:
 
 def build_variant(variant: Variant, resolution: int, device: str = "cpu") -> nn.Module:
     """Create ``variant`` for ``resolution``² inputs on ``device``, fp32, randomly initialised."""
+    import timm
+
+    import weightformer.models  # noqa: F401  (registers the WeightFormer models with timm)
+
     kwargs = {"num_classes": 1000, "device": device}
     if variant.is_vit:
         # DeiT's position embedding is sized for ``img_size``; dynamic_img_size also admits smaller warm-up inputs.
@@ -95,6 +100,8 @@ def param_count(model: nn.Module) -> int:
 
 def random_batch(batch: int, resolution: int, device: str, num_classes: int = 1000) -> Tuple[torch.Tensor, torch.Tensor]:
     """A random image batch (B, 3, R, R) and random labels (B,) on ``device``."""
+    import torch
+
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, resolution, resolution, generator=gen).to(device)
     labels = torch.randint(0, num_classes, (batch,), generator=gen).to(device)

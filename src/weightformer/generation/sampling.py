@@ -6,12 +6,11 @@ import torch
 from torch import Tensor
 
 from ..engine.progress import progress as progress_lines
+from .config import SAMPLERS
 from .diffusion import GaussianDiffusion, respaced_timesteps
 from .model import WeightFormerDiT
 
 __all__ = ["SAMPLERS", "sample"]
-
-SAMPLERS = ("ddpm", "ddim")
 
 
 def _guided_output(model: WeightFormerDiT, x: Tensor, t: int, labels: Tensor, cfg_scale: float,
