@@ -328,3 +328,34 @@ def test_add_normalised_rows_gradients():
     g = torch.randn(1, 5, 7, dtype=torch.double)
     (grad,) = torch.autograd.grad(add_normalised_rows(w.detach(), zero), zero, g)
     torch.testing.assert_close(grad, g)
+
+
+@pytest.mark.parametrize("predictor", ["bilateral", "linear", "nonlinear", "deep", "gap"])
+@pytest.mark.parametrize("grid, low_rank", [((4, 5), True), ((6, 7), False)])
+def test_dynamic_linear_low_rank_and_dense_forms_match_the_formulas_with_gradients(predictor, grid, low_rank):
+    """C=32, O=128: the low-rank form applies below C·O/(C+O) = 25.6 tokens a sample (20 here; 42 take the dense form)."""
+    layer = DynamicLinear(32, 128, predictor=predictor).double()
+    _randomise(layer, std=0.1)
+    H, W = grid
+    x = torch.randn(2, H, W, 32, dtype=torch.float64, requires_grad=True)
+    assert layer.applies_low_rank(H * W) is low_rank
+    ours = layer(x)
+    sd = {k: v.detach().clone().requires_grad_(True) for k, v in layer.state_dict().items()}
+    expected = linear_layer(predictor, sd, x)
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(ours)
+    names = [n for n, _ in layer.named_parameters()]
+    got = torch.autograd.grad(ours, [x, *layer.parameters()], g)
+    want = torch.autograd.grad(expected, [x, *(sd[n] for n in names)], g, allow_unused=True)
+    for name, a, b in zip(["x", *names], got, want):
+        torch.testing.assert_close(a, b if b is not None else torch.zeros_like(a), rtol=1e-8, atol=1e-10, msg=name)
+
+
+def test_dynamic_linear_low_rank_form_has_finite_gradients_at_a_zero_update():
+    layer = DynamicLinear(32, 128)
+    with torch.no_grad():
+        layer.predictor.proj.bias.zero_()  # a zero input then gives σ(P) = 0, a zero core and ΔW = 0
+    x = torch.zeros(1, 2, 2, 32, requires_grad=True)
+    assert layer.applies_low_rank(4)
+    layer(x).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters()) and torch.isfinite(x.grad).all()

@@ -23,7 +23,7 @@ import numpy as np
 import timm
 import torch
 
-from ..bench.machine import describe, machine_info
+from ..bench.machine import machine_info, provenance
 from .onnx import to_onnx
 
 __all__ = ["main", "measure"]
@@ -103,10 +103,12 @@ def measure(model_name: str = "weightformer_tiny", points=POINTS, rounds: int = 
     return result
 
 
-def markdown(result: dict, machine: str) -> str:
-    """A table of img/s per size and runtime, with the speed-ups over eager."""
+def markdown(result: dict, provenance_lines: str) -> str:
+    """A table of img/s per size and runtime, with the speed-ups over eager, under ``provenance_lines``
+    (the machine, its load at the start and the command: ``bench.machine.provenance``)."""
     lines = [f"# {result['model']}: eager vs torch.compile vs onnxruntime (CPU)", "",
-             (f"Machine: {machine}. {result['threads']} thread(s) for every runtime; median of {result['rounds']} "
+             provenance_lines, "",
+             (f"{result['threads']} thread(s) for every runtime; median of {result['rounds']} "
               f"interleaved rounds of {result['repeats']} calls; random weights; fp32."), "",
              "| batch × size | eager img/s | torch.compile img/s | onnxruntime img/s | compile / eager | ort / eager |",
              "|---|---|---|---|---|---|"]
@@ -132,14 +134,16 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="benchmarks/results/cpu/export")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info("cpu")  # before measuring: the load average the measurements began under
     result = measure(args.model, rounds=args.rounds, repeats=args.repeats, threads=args.threads)
-    info = machine_info("cpu")
     result["machine"] = info
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtimes.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "runtimes.md").write_text(markdown(result, describe(info)))
-    print(markdown(result, describe(info)))
+    table = markdown(result, provenance(info))
+    (out / "runtimes.md").write_text(table)
+    print(table)
     return 0
 
 

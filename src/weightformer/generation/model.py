@@ -33,13 +33,15 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from torch import Tensor, nn
 
 from ..layers import DynamicDWConv, DynamicLinear
+from ..layers.gelu_linear import gelu_linear
+from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..models.weightformer import is_dynamic_block
+from .config import GUIDANCE_MODES
 
 __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
 
 FREQUENCY_EMBEDDING_SIZE = 256  # DiT's timestep frequency embedding width
 RELEASE_GUIDED_CHANNELS = 3  # the release (and DiT) guide output channels [0, 3) "for exact reproducibility"
-GUIDANCE_MODES = ("release", "standard")
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -113,7 +115,61 @@ class WeightFormerDiTBlock(nn.Module):
         x = x + gate1.unsqueeze(1) * self.dwc(mixed).flatten(2).transpose(1, 2)  # (B, N, C)
         h = modulate(self.norm2(x), shift2, scale2)
         h = self.linear1(h.reshape(B, H, W, C)).reshape(B, N, -1) if self.dynamic else self.linear1(h)
-        return x + gate2.unsqueeze(1) * self.linear2(self.act(h))
+        return x + gate2.unsqueeze(1) * self._act_linear2(h)
+
+    def _act_linear2(self, h: Tensor) -> Tensor:
+        """linear2(act(h)); with the stock GELU and linear layer, as one op that keeps only h for the
+        backward pass (:func:`~weightformer.layers.gelu_linear.gelu_linear`) instead of h and act(h)."""
+        act, linear2 = self.act, self.linear2
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
+            if type(act) is nn.GELU and type(linear2) is nn.Linear and hookless(act, linear2):
+                return gelu_linear(h, linear2.weight, linear2.bias, approximate=act.approximate)
+        return linear2(act(h))
+
+    def can_run_in_place(self) -> bool:
+        """Whether :meth:`forward_in_place_` computes what ``forward`` does: stock modules, fast-path
+        dynamic layers, and no hook that it would skip (the block's own included)."""
+        m = self._modules
+        norm1, norm2, dwc, linear1, act, linear2 = m["norm1"], m["norm2"], m["dwc"], m["linear1"], m["act"], m["linear2"]
+        return (
+            type(norm1) is nn.LayerNorm and type(norm2) is nn.LayerNorm
+            and (type(dwc) is nn.Conv2d or (type(dwc) is DynamicDWConv and not dwc.use_reference))
+            and (type(linear1) is nn.Linear or (type(linear1) is DynamicLinear and not linear1.use_reference))
+            and type(act) is nn.GELU and type(linear2) is nn.Linear
+            and hookless(self, norm1, norm2, dwc, linear1, act, linear2)
+        )
+
+    def forward_in_place_(self, x: Tensor, c: Tensor) -> None:
+        """``x = self(x, c)`` in place, without gradients, for a contiguous x (B, N, C) that the caller owns.
+
+        Holds x, the modulated stream and the conv's output at most: LN(x) overwrites x chunk by chunk,
+        the gated conv output is added into it, and the MLP runs over chunks of tokens, each chunk's gated
+        output added into x (a dynamic block also holds the modulated stream its predictor pools).
+        Element-wise steps are the plain path's, in place."""
+        shift1, scale1, gate1, shift2, scale2, gate2 = (m.unsqueeze(1) for m in self.adaLN_modulation(c).chunk(6, dim=1))
+        B, N, C = x.shape
+        H, W = self.grid
+        step = tokens_per_chunk(N, self.linear2.in_features, x.element_size(), N)
+        for start in range(0, N, step):
+            chunk = x[:, start:start + step]
+            chunk.copy_(self.norm1(chunk))
+        mixed = (x * (1 + scale1)).add_(shift1).view(B, H, W, C).permute(0, 3, 1, 2)  # (B, C, H, W), channels-last
+        mixer_out = self.dwc(mixed).flatten(2).transpose(1, 2)  # (B, N, C)
+        del mixed
+        x += mixer_out.mul_(gate1)
+        del mixer_out
+        approximate, linear1, linear2 = self.act.approximate, self.linear1, self.linear2
+        if self.dynamic:
+            h = (self.norm2(x) * (1 + scale2)).add_(shift2)  # (B, N, C): the predictor pools the whole grid
+            weight_t = linear1.dynamic_weight(h.view(B, H, W, C)).transpose(1, 2)  # (B, C, hidden)
+        for start in range(0, N, step):
+            if self.dynamic:
+                hidden = torch.baddbmm(linear1.bias, h[:, start:start + step], weight_t)  # (B, step, hidden)
+            else:
+                hidden = linear1(self.norm2(x[:, start:start + step]).mul_(1 + scale2).add_(shift2))
+            out = gelu_linear(hidden, linear2.weight, linear2.bias, consume=True, approximate=approximate)
+            chunk = x[:, start:start + step]  # a view: += writes into x
+            chunk += out.mul_(gate2)
 
 
 class DiTBlock(nn.Module):
@@ -146,6 +202,15 @@ class FinalLayer(nn.Module):
     def forward(self, x: Tensor, c: Tensor) -> Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
+
+    def forward_in_place_(self, x: Tensor, c: Tensor, step: int) -> Tensor:
+        """``self(x, c)`` without gradients, computed in x itself (which it overwrites), ``step`` tokens at
+        a time: no other tensor of x's size. x (B, N, C) -> (B, N, p·p·out_channels)."""
+        shift, scale = (m.unsqueeze(1) for m in self.adaLN_modulation(c).chunk(2, dim=1))
+        for start in range(0, x.shape[1], step):
+            chunk = x[:, start:start + step]
+            chunk.copy_(self.norm_final(chunk).mul_(1 + scale).add_(shift))
+        return self.linear(x)
 
 
 class WeightFormerDiT(nn.Module):
@@ -228,8 +293,24 @@ class WeightFormerDiT(nn.Module):
     def forward(self, x: Tensor, t: Tensor, y: Tensor, force_drop: Tensor | None = None) -> Tensor:
         """x (B, in_channels, H, W), t (B,) timesteps, y (B,) labels (``num_classes`` is the null label)
         -> (B, out_channels, H, W). ``force_drop`` (B,) replaces the marked labels by the null label."""
-        tokens = self.x_embedder(x) + self.pos_embed  # (B, N, D)
+        embedded = self.x_embedder(x)  # (B, N, D)
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop)  # (B, D)
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
+            if eager_inference() and all(type(b) is WeightFormerDiTBlock and b.can_run_in_place() for b in self.blocks):
+                # The model owns its token stream, so each block may update it in place (see forward_in_place_).
+                tokens = torch.empty_like(embedded, memory_format=torch.contiguous_format)
+                torch.add(embedded, self.pos_embed, out=tokens)
+                del embedded
+                for block in self.blocks:
+                    block.forward_in_place_(tokens, c)
+                final = self.final_layer
+                if type(final.norm_final) is nn.LayerNorm and type(final.linear) is nn.Linear and hookless(
+                        final, final.norm_final, final.linear):
+                    N = tokens.shape[1]
+                    step = tokens_per_chunk(N, tokens.shape[-1], tokens.element_size(), N)
+                    return self.unpatchify(final.forward_in_place_(tokens, c, step))
+                return self.unpatchify(final(tokens, c))
+        tokens = embedded + self.pos_embed
         for block in self.blocks:
             tokens = block(tokens, c)
         return self.unpatchify(self.final_layer(tokens, c))

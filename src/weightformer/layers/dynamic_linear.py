@@ -119,43 +119,50 @@ class _LowRankPredictor(nn.Module):
         lifted_out = torch.matmul(core, self.out_basis)  # (B, C/r, O)
         return torch.matmul(lifted_out.transpose(1, 2), self.in_basis)  # (B, O, C)
 
-    def bilateral(self, p: Tensor, scale: float) -> Tensor:
-        """ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale for P (B, N', C/r + O/r).
+    def bilateral_core(self, p: Tensor, scale: float) -> Tensor:
+        """The core σ(P_in)ᵀσ(P_out)·scale (B, C/r, O/r) of ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale,
+        for P (B, N', C/r + O/r).
 
-        Evaluated as U_inᵀ·(σ(P_in)ᵀσ(P_out)·scale)·U_out: the N'-sized product shrinks to
-        C/r × O/r first, so the cost is N'·C·O/r² instead of N'·C·O. The predictors call ``torch.bmm``
-        for these batched products, the kernel ``torch.matmul`` would reach: traced, ``matmul``'s
-        decomposition records a batch-size condition that makes an exported program refuse batch 1.
+        ΔW is then U_inᵀ·core·U_out: the N'-sized product shrinks to C/r × O/r first, so the cost is
+        N'·C·O/r² instead of N'·C·O. The predictors call ``torch.bmm`` for these batched products, the
+        kernel ``torch.matmul`` would reach: traced, ``matmul``'s decomposition records a batch-size
+        condition that makes an exported program refuse batch 1.
         """
         p_in, p_out = torch.split(F.silu(p), [self.in_rank, self.out_rank], dim=-1)
-        return self.expand(torch.bmm(p_in.transpose(1, 2), p_out) * scale)
+        return torch.bmm(p_in.transpose(1, 2), p_out) * scale
+
+    def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
+        """The low-rank core of ΔW = U_inᵀ·core·U_out; each predictor defines it."""
+        raise NotImplementedError(f"{type(self).__name__} defines forward, not a core")
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+        return self.expand(self.core(x))
 
 
 class BilateralPredictor(_LowRankPredictor):
     """Bilateral activation: ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·C^-1/2/N, P from 2×2-pooled tokens."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+    def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         num_tokens = x.shape[1] * x.shape[2]
-        return self.bilateral(self.proj(pool_2x2(x)), self.scale / num_tokens)
+        return self.bilateral_core(self.proj(pool_2x2(x)), self.scale / num_tokens)
 
 
 class LinearPredictor(_LowRankPredictor):
     """Linear prediction: ΔW = (P_in·U_in)ᵀ(P_out·U_out)·C^-1/2/N, no activation."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+    def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         num_tokens = x.shape[1] * x.shape[2]
         p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
-        return self.expand(torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
+        return torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
 
 
 class NonlinearPredictor(_LowRankPredictor):
     """Non-linear prediction: ΔW = U_inᵀ·σ(P_inᵀP_out·C^-1/2/N)·U_out, one activation on the core."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+    def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         num_tokens = x.shape[1] * x.shape[2]
         p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
-        core = torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
-        return self.expand(F.silu(core))
+        return F.silu(torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
 
 
 class DeepPredictor(_LowRankPredictor):
@@ -167,18 +174,18 @@ class DeepPredictor(_LowRankPredictor):
         trunc_normal_(self.hidden.weight, std=0.02)
         nn.init.zeros_(self.hidden.bias)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+    def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         num_tokens = x.shape[1] * x.shape[2]
         p = self.proj(F.gelu(self.hidden(pool_2x2(x))))
-        return self.bilateral(p, self.scale / num_tokens)
+        return self.bilateral_core(p, self.scale / num_tokens)
 
 
 class GapPredictor(_LowRankPredictor):
     """Global-average prediction: bilateral ΔW from the single token ḡ = mean(X), a rank-one update."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+    def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         g = x.mean(dim=(1, 2)).unsqueeze(1)  # (B, 1, C)
-        return self.bilateral(self.proj(g), self.scale)
+        return self.bilateral_core(self.proj(g), self.scale)
 
 
 LINEAR_PREDICTORS = {
@@ -227,17 +234,51 @@ class DynamicLinear(DynamicWeightLayer):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor_name}"
 
-    def forward_fast(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
-        B, H, W, C = x.shape
+    def dynamic_weight(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, O, C)
+        """The per-sample weight W + ΔŴ(x), stored as ``nn.Linear.weight`` is: (B, O, C)."""
+        C = x.shape[-1]
         if C != self.in_features:
             raise ValueError(f"DynamicLinear expected {self.in_features} input features, got {C}")
         # ΔWᵀ keeps each output column contiguous, so the column norm is a contiguous reduction and
         # the static weight (O, C) adds without a transpose.
         delta_t = self.predictor(x)  # (B, O, C)
         if torch.jit.is_scripting():  # TorchScript cannot call autograd Functions
-            weight_t = self.weight + delta_t / (torch.linalg.vector_norm(delta_t, dim=-1, keepdim=True) + 1.0)
-        else:
-            weight_t = add_normalised_rows(self.weight, delta_t)  # (B, O, C)
+            return self.weight + delta_t / (torch.linalg.vector_norm(delta_t, dim=-1, keepdim=True) + 1.0)
+        return add_normalised_rows(self.weight, delta_t)  # (B, O, C)
+
+    def applies_low_rank(self, num_tokens: int) -> bool:
+        """Whether ``forward_fast`` applies ΔŴ in its low-rank form (:meth:`forward_low_rank`) to a sample of
+        ``num_tokens`` tokens: in eager mode, for a predictor whose ΔW is U_inᵀ·core·U_out, when that costs
+        fewer multiply-adds than forming each sample's C×O weight, N·C/r·(C + O) < C·O·C/r, i.e.
+        N < C·O/(C + O) (WeightFormer-S's fc1 at 224²: 196 tokens < 307)."""
+        if torch.jit.is_scripting() or torch.compiler.is_compiling():  # traced graphs keep one form for every size
+            return False
+        predictor_forward = type(self.predictor).forward
+        return predictor_forward is _LowRankPredictor.forward and num_tokens * (
+            self.in_features + self.out_features) < self.in_features * self.out_features
+
+    def forward_low_rank(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
+        """y = X·Wᵀ + b + ((X·U_inᵀ)·L)·diag(1/(‖ΔWᵀ_o‖+1)) with L = core·U_out (B, C/r, O), so that
+        ΔWᵀ = Lᵀ·U_in is never formed. Its row norms come from the Gram matrix G = U_in·U_inᵀ,
+        ‖ΔWᵀ_o‖² = L_oᵀ·G·L_o. The same function as the dense form, re-associated."""
+        B, H, W, C = x.shape
+        predictor = self.predictor
+        lifted = torch.matmul(predictor.core(x), predictor.out_basis)  # (B, C/r, O)
+        gram = predictor.in_basis @ predictor.in_basis.t()  # (C/r, C/r)
+        squared_norms = (lifted * torch.matmul(gram, lifted)).sum(dim=1, keepdim=True)  # (B, 1, O)
+        # clamp: an all-zero ΔW (a zero input) keeps a finite gradient through the square root
+        scaled = lifted / (squared_norms.clamp_min(torch.finfo(x.dtype).tiny).sqrt() + 1.0)  # (B, C/r, O)
+        rows = x.reshape(B, H * W, C)
+        static = F.linear(rows, self.weight, self.bias)  # (B, N, O)
+        out = torch.baddbmm(static, torch.matmul(rows, predictor.in_basis.t()), scaled)  # (B, N, O)
+        return out.reshape(B, H, W, self.out_features)
+
+    def forward_fast(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
+        B, H, W, C = x.shape
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
+            if C == self.in_features and self.applies_low_rank(H * W):
+                return self.forward_low_rank(x)
+        weight_t = self.dynamic_weight(x)  # (B, O, C)
         # One batched GEMM with the static weight folded in: y = b + X·(W + ΔŴ)ᵀ; BLAS reads the
         # transposed operand in place.
         out = torch.baddbmm(self.bias, x.reshape(B, H * W, C), weight_t.transpose(1, 2))  # (B, N, O)

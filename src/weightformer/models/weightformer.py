@@ -24,6 +24,7 @@ from timm.models._manipulate import checkpoint
 from ..checkpoint import release_pickle_globals, strip_wrapper_prefixes
 from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
+from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
 __all__ = ["WeightFormer", "Block", "checkpoint_filter_fn", "is_dynamic_block"]
 
@@ -102,24 +103,56 @@ class Mlp(nn.Module):
     def _can_fuse_act_fc2(self) -> bool:
         modules = self._modules  # plain dict lookups: nn.Module.__getattr__ takes about 1 µs each
         act, drop1, fc2 = modules["act"], modules["drop1"], modules["fc2"]
-        if not (
+        return (
             type(act) is nn.GELU
             and act.approximate == "none"
             and type(drop1) is nn.Dropout
             and (drop1.p == 0.0 or not drop1.training)
             and type(fc2) is nn.Linear
-        ):
-            return False
-        for m in (act, drop1, fc2):  # their own hooks
-            if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-                return False
-        hooks = nn.modules.module  # hooks registered for every module
-        return not (
-            hooks._global_forward_hooks
-            or hooks._global_forward_pre_hooks
-            or hooks._global_backward_hooks
-            or hooks._global_backward_pre_hooks
+            and hookless(act, drop1, fc2)
         )
+
+    def can_add_in_chunks(self) -> bool:
+        """Whether :meth:`add_in_chunks_` computes exactly what ``forward`` does: the fused GELU + fc2
+        applies, fc1 is a plain ``nn.Linear`` or a fast-path :class:`DynamicLinear`, ``drop2`` drops
+        nothing, and no hook would miss fc1, drop2 or the MLP itself."""
+        modules = self._modules
+        fc1, drop2 = modules["fc1"], modules["drop2"]
+        return (
+            self.fuse_act_fc2
+            and (type(fc1) is nn.Linear or (type(fc1) is DynamicLinear and not fc1.use_reference))
+            and type(drop2) is nn.Dropout
+            and (drop2.p == 0.0 or not drop2.training)
+            and hookless(self, fc1, drop2)
+            and self._can_fuse_act_fc2()
+        )
+
+    def add_in_chunks_(self, stream: Tensor, norm: nn.Module) -> None:
+        """``stream += self(norm(stream))``, in place and over chunks of tokens, so that no tensor of the
+        hidden width (nor, with a static fc1, of the normalised stream) exists for the whole grid.
+        Inference only (see :func:`~weightformer.layers.inference.eager_inference`), when
+        :meth:`can_add_in_chunks` and ``norm`` acts on each token alone. ``stream`` (B, H, W, C), contiguous."""
+        B, H, W, C = stream.shape
+        fc1, fc2 = self.fc1, self.fc2
+        if isinstance(fc1, DynamicLinear):
+            normed = norm(stream)  # (B, H, W, C): the predictor pools the whole grid
+            step = tokens_per_chunk(H * W, fc2.in_features, stream.element_size(), H * W)
+            if step >= H * W:  # one chunk: the layer's own forward, which picks its cheaper form
+                stream += gelu_linear(fc1(normed), fc2.weight, fc2.bias, consume=True)
+                return
+            weight_t = fc1.dynamic_weight(normed).transpose(1, 2)  # (B, C, hidden), per sample
+            rows_in, rows_out = normed.view(B, H * W, C), stream.view(B, H * W, C)
+            for start in range(0, H * W, step):
+                hidden = torch.baddbmm(fc1.bias, rows_in[:, start:start + step], weight_t)  # (B, step, hidden)
+                chunk = rows_out[:, start:start + step]  # a view: += writes into stream
+                chunk += gelu_linear(hidden, fc2.weight, fc2.bias, consume=True)
+            return
+        rows = stream.view(-1, C)  # (B·H·W, C): a static fc1 is the same for every sample
+        step = tokens_per_chunk(H * W, fc2.in_features, stream.element_size(), B * H * W)
+        for start in range(0, B * H * W, step):
+            chunk = rows[start:start + step]
+            hidden = fc1(norm(chunk))  # (step, hidden)
+            chunk += gelu_linear(hidden, fc2.weight, fc2.bias, consume=True)
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)  # (B, H, W, hidden)
@@ -173,10 +206,42 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, C)
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
+            if eager_inference() and self._can_run_in_place():
+                return self._forward_in_place(x)
         x = self.norm_stream(x)
         # permute gives the conv a channels-last view of the grid: no copy on the way in or out.
         x = x + self.dwc(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return x + self.drop_path(self.mlp(self.norm_mlp(x)))
+
+    def _can_run_in_place(self) -> bool:
+        """Whether :meth:`_forward_in_place` computes exactly what ``forward`` does: stock modules
+        (a LayerNorm acts on each token alone), nothing dropped, and no hooks that the path would skip."""
+        modules = self._modules
+        norm_stream, dwc, norm_mlp, drop_path = (
+            modules["norm_stream"], modules["dwc"], modules["norm_mlp"], modules["drop_path"])
+        return (
+            type(norm_stream) in (nn.Identity, nn.LayerNorm)
+            and type(norm_mlp) is nn.LayerNorm
+            and (type(dwc) is nn.Conv2d or (type(dwc) is DynamicDWConv and not dwc.use_reference))
+            and (type(drop_path) is nn.Identity or not drop_path.training)
+            and hookless(norm_stream, dwc, norm_mlp, drop_path)
+            and modules["mlp"].can_add_in_chunks()
+        )
+
+    def _forward_in_place(self, x: Tensor) -> Tensor:
+        """``forward`` without gradients, holding at most the input, the stream and one chunk of the MLP:
+        the conv's output becomes the stream (x is added to it in place) and the MLP adds into it chunk
+        by chunk (:meth:`Mlp.add_in_chunks_`). x itself is not modified."""
+        x = self.norm_stream(x)
+        mixed = self.dwc(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # (B, H, W, C), a new tensor
+        if mixed.is_contiguous():  # the conv's channels-last output; a batch through DynamicDWConv's fold is not
+            stream = mixed.add_(x)
+        else:
+            stream = torch.add(x, mixed, out=torch.empty_like(x, memory_format=torch.contiguous_format))
+        del x, mixed
+        self.mlp.add_in_chunks_(stream, self.norm_mlp)
+        return stream
 
 
 class WeightFormer(nn.Module):
