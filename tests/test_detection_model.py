@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from weightformer.detection import CascadeRoIHeads, build_maskrcnn
-from weightformer.detection.cascade import STAGE_IOU_THRESHOLDS, STAGE_LOSS_WEIGHTS, STAGE_REG_WEIGHTS
+from weightformer.detection.cascade import STAGE_IOU_THRESHOLDS, STAGE_REG_WEIGHTS
 
 SIZE = 96
 
@@ -36,9 +36,10 @@ class FakePyramid(nn.Module):
         return features
 
 
-def tiny_model(cascade: bool, num_classes: int = 3) -> nn.Module:
+def tiny_model(cascade: bool, num_classes: int = 3, protocol: str = "vitdet") -> nn.Module:
     torch.manual_seed(0)
-    return build_maskrcnn(FakePyramid(), num_classes, cascade=cascade, min_size=SIZE, max_size=SIZE, conv_dim=16,
+    return build_maskrcnn(FakePyramid(), num_classes, cascade=cascade, protocol=protocol, min_size=SIZE, max_size=SIZE,
+                          conv_dim=16,
                           fc_dim=32, rpn_pre_nms_top_n_train=200, rpn_post_nms_top_n_train=64,
                           rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=32, box_batch_size_per_image=32)
 
@@ -104,14 +105,15 @@ def test_cascade_stages_use_their_own_thresholds_weights_and_heads():
         assert stage.proposal_matcher.high_threshold == stage.proposal_matcher.low_threshold == iou
         assert stage.box_coder.weights == weights
         assert stage.box_predictor.bbox_pred.out_features == 4  # class-agnostic regression
-    assert heads.loss_weights == STAGE_LOSS_WEIGHTS
+    assert heads.loss_weights == (1.0, 1.0, 1.0)  # ViTDet's (detectron2's CascadeROIHeads): unweighted
     assert (0.5, 0.6, 0.7) == STAGE_IOU_THRESHOLDS
     assert len({id(s.box_head) for s in heads.stages}) == len({id(s.box_predictor) for s in heads.stages}) == 3
 
 
-def test_cascade_refines_proposals_stage_by_stage(monkeypatch):
-    """Stage t+1 gets stage t's decoded boxes (plus ground truth), not the RPN's proposals again."""
-    heads = tiny_model(cascade=True).train().roi_heads
+def test_torchvision_protocol_cascade_refines_proposals_stage_by_stage_and_resamples(monkeypatch):
+    """Under the torchvision protocol stage t+1 gets stage t's decoded boxes plus the ground truth (and
+    resamples them), not the RPN's proposals again. (The vitdet protocol's stages: test_detection_protocol.)"""
+    heads = tiny_model(cascade=True, protocol="torchvision").train().roi_heads
     seen = []
     for stage in heads.stages:
         original = stage.select_training_samples

@@ -26,7 +26,7 @@ def lr_of(optimizer: torch.optim.Optimizer, param: nn.Parameter) -> float:
 
 def expected_scales(model: MaskRCNN) -> dict:
     """BEiT/ViTDet: stem (patch embedding, its norm, position embedding, class token) decay^(L+1),
-    block i decay^(L-i), the final norm with the last block, neck and heads 1."""
+    block i decay^(L-i), the final norm, neck and heads 1 (detectron2's get_vit_lr_decay_rate)."""
     backbone = model.backbone.backbone
     scales = {p: 1.0 for p in model.parameters()}
     stem = [p for n, p in backbone.named_parameters() if not n.startswith(("blocks.", "norm."))]
@@ -34,7 +34,7 @@ def expected_scales(model: MaskRCNN) -> dict:
     scales.update({p: DECAY ** (DEPTH + 1) for p in stem})
     for i, block in enumerate(backbone.blocks):
         scales.update({p: DECAY ** (DEPTH - i) for p in block.parameters()})
-    scales.update({p: DECAY for p in backbone.norm.parameters()})
+    scales.update({p: 1.0 for p in backbone.norm.parameters()})  # get_vit_lr_decay_rate: layer L + 1
     return scales
 
 

@@ -9,12 +9,16 @@ from typing import Any, Callable, ClassVar, Optional
 
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
-from ..models.names import unknown_timm_model
 from .synthetic import SHAPES_NAME as SHAPES
 
-__all__ = ["RESIZE_MODES", "DetectionConfig"]
+__all__ = ["DEFAULT_PROTOCOL", "LEGACY_PROTOCOL", "PROTOCOLS", "RESIZE_MODES", "DetectionConfig"]
 
 RESIZE_MODES = ("lsj", "shortest_edge")
+# The detector's training protocols (weightformer.detection.model.PROTOCOL_SETTINGS has what each sets):
+# vitdet, detectron2's as ViTDet and Vim run it; torchvision, this package's detector before the setting.
+PROTOCOLS = ("vitdet", "torchvision")
+DEFAULT_PROTOCOL = "vitdet"  # build_maskrcnn's: the reference
+LEGACY_PROTOCOL = "torchvision"  # what a run or checkpoint saved before the setting existed was trained with
 
 
 def _split_name(value: Optional[str]) -> bool:
@@ -34,6 +38,14 @@ class DetectionConfig(TrainConfig):
     num_classes: Optional[int] = setting(None, help="number of categories (default: those the COCO annotation "
                                                     "file declares)")
     cascade: bool = setting(False, help="Cascade Mask R-CNN (three box stages) instead of Mask R-CNN")
+    # A run saved before the setting has none in its config: resumed, it gets this default, what it trained
+    # with. The recipes set vitdet for COCO-size data (docs/dense.md).
+    det_protocol: str = setting(LEGACY_PROTOCOL, flag="--protocol", choices=PROTOCOLS,
+                                help="vitdet: detectron2's Mask R-CNN and Cascade Mask R-CNN as ViTDet and Vim run "
+                                     "them (aligned RoIAlign, L1 box losses, 1000 proposals, unweighted cascade stages "
+                                     "with 1/3 of the gradient, no final norm before the pyramid); torchvision: "
+                                     "torchvision's parts at their defaults with mmdet's stage weights, this package's "
+                                     "detector before the setting (docs/dense.md)")
     # lsj: large-scale jitter to img_size² crops, evaluation with the long side at img_size (ViTDet's);
     # shortest_edge: short side img_size, long side at most det_max_size, flips only (the 1x schedule's).
     det_resize: str = setting("lsj", help="lsj: large-scale jitter to --img-size² crops (ViTDet); shortest_edge: "
@@ -49,12 +61,15 @@ class DetectionConfig(TrainConfig):
     RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
         ("num_classes", lambda v: v is None or v >= 1, "at least 1, or null for the data's own"),
         ("det_resize", lambda v: v in RESIZE_MODES, "lsj or shortest_edge"),
+        ("det_protocol", lambda v: v in PROTOCOLS, " or ".join(PROTOCOLS)),
         ("det_max_size", lambda v: v >= 1, "a positive number of pixels"),
         ("train_split", _split_name, "a split name such as train2017 (a folder name, not a path), or null to find it"),
         ("val_split", _split_name, "a split name such as val2017 (a folder name, not a path), or null to find it"),
     )
 
     def check(self) -> None:
+        from ..models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
+
         super().check()
         problem = unknown_timm_model(self.model)
         if problem:

@@ -2,36 +2,173 @@
 
 The heads follow ViTDet's (Li et al., 2022) choices for a plain backbone behind a simple feature
 pyramid: a two-conv RPN head, a 4conv1fc box head and a 4conv mask head, both with LayerNorm.
+
+How the detector trains is its *protocol* (:data:`PROTOCOLS`, the ``protocol`` setting):
+
+- ``vitdet`` (the default): detectron2's, as ViTDet's configs run it (``projects/ViTDet/configs/COCO/
+  cascade_mask_rcnn_vitdet_b_100ep.py`` and ``mask_rcnn_vitdet_b_100ep.py``, on
+  ``configs/common/models/mask_rcnn_fpn.py``), and so Vim's ``det/``: RoIAlign with aligned sampling
+  (``ROIAlignV2``) and an adaptive ``sampling_ratio=0`` for boxes and masks; 1000 RPN proposals after NMS
+  in training; plain L1 box regression (β = 0) in the RPN and the box heads; the cascade's stage losses
+  added unweighted, with the gradient each stage's box head sends back scaled by 1/3; stages 2 and 3
+  matching stage 1's refined boxes with no ground truth appended; the pyramid on the backbone's last
+  block without its final norm, its convolutions at PyTorch's default initialisation.
+- ``torchvision``: what this package built before the protocol setting existed, kept so that its
+  checkpoints and numbers rebuild exactly: torchvision's defaults (``MultiScaleRoIAlign(sampling_ratio=2)``,
+  unaligned; 2000 proposals; smooth L1 with β = 1/9), mmdet's stage weights 1, 0.5, 0.25 with the
+  ground truth appended and 512 boxes resampled at every stage, and the pyramid after the final norm
+  with detectron2's FPN initialisation (c2_xavier_fill).
+
+Explicit keyword arguments (``rpn_post_nms_top_n_train``, ...) override the protocol's values.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
 
+import torch
+import torch.nn.functional as F
 from timm.layers import LayerNorm2d
-from torch import nn
+from torch import Tensor, nn
 from torchvision.models.detection import MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
-from torchvision.models.detection.rpn import RPNHead
-from torchvision.ops import MultiScaleRoIAlign
+from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
+from torchvision.ops import MultiScaleRoIAlign, roi_align
+from torchvision.ops import boxes as box_ops
 
 from ..models.pyramid import SimpleFeaturePyramid, build_backbone
-from .cascade import STAGE_IOU_THRESHOLDS, AgnosticBoxPredictor, CascadeRoIHeads
+from .cascade import STAGE_IOU_THRESHOLDS, AgnosticBoxPredictor, CascadeRoIHeads, MaskRCNNRoIHeads
+from .config import DEFAULT_PROTOCOL, PROTOCOLS
 
-__all__ = ["FEATURE_NAMES", "build_maskrcnn"]
+__all__ = ["FEATURE_NAMES", "PROTOCOL_SETTINGS", "AlignedMultiScaleRoIAlign", "L1RegionProposalNetwork",
+           "Protocol", "build_maskrcnn", "detection_pyramid"]
 
 FEATURE_NAMES = ["0", "1", "2", "3"]  # strides 4, 8, 16, 32; the RPN also sees "pool" (stride 64)
 ANCHOR_SIZES = ((32,), (64,), (128,), (256,), (512,))  # one size per level, "0" to "pool"
 ASPECT_RATIOS = ((0.5, 1.0, 2.0),) * len(ANCHOR_SIZES)
 CASCADE_SET = {"box_fg_iou_thresh", "box_bg_iou_thresh", "bbox_reg_weights"}  # MaskRCNN options a cascade fixes
+TORCHVISION_BOX_LOSS_BETA = 1 / 9  # the smooth-L1 beta torchvision's RPN and RoI heads fix
 
 
-def _pyramid(backbone: Union[str, nn.Module], pretrained: bool, channels: int) -> nn.Module:
-    """``backbone`` itself, or timm model ``backbone`` behind ViTDet's simple feature pyramid."""
+@dataclass(frozen=True)
+class Protocol:
+    """The settings a protocol fixes (see the module docstring)."""
+
+    aligned_roi_align: bool  # RoIAlignV2 (half-pixel aligned, sampling_ratio 0) instead of torchvision's pooler
+    rpn_post_nms_top_n_train: int
+    box_loss_beta: float  # smooth-L1 beta of the RPN's and the box heads' regression; 0 is L1
+    stage_loss_weights: tuple[float, ...]
+    head_gradient_scale: float  # on the gradient each cascade stage's box head sends back
+    sample_later_stages: bool  # cascade stages 2, 3 append the ground truth and resample
+    final_norm: bool  # the pyramid reads the backbone after its final norm
+    pyramid_init: str  # SimpleFeaturePyramid's conv_init
+
+
+PROTOCOL_SETTINGS = {
+    "vitdet": Protocol(aligned_roi_align=True, rpn_post_nms_top_n_train=1000, box_loss_beta=0.0,
+                       stage_loss_weights=(1.0, 1.0, 1.0), head_gradient_scale=1 / len(STAGE_IOU_THRESHOLDS),
+                       sample_later_stages=False, final_norm=False, pyramid_init="pytorch"),
+    "torchvision": Protocol(aligned_roi_align=False, rpn_post_nms_top_n_train=2000,
+                            box_loss_beta=TORCHVISION_BOX_LOSS_BETA,
+                            stage_loss_weights=(1.0, 0.5, 0.25), head_gradient_scale=1.0,
+                            sample_later_stages=True, final_norm=True, pyramid_init="c2_xavier"),
+}
+assert tuple(PROTOCOL_SETTINGS) == PROTOCOLS, "config.PROTOCOLS names the same protocols"
+
+
+def _protocol(name: str) -> Protocol:
+    if name not in PROTOCOL_SETTINGS:
+        raise ValueError(f"unknown detection protocol {name!r}; choose one of {', '.join(PROTOCOLS)}")
+    return PROTOCOL_SETTINGS[name]
+
+
+class AlignedMultiScaleRoIAlign(MultiScaleRoIAlign):
+    """detectron2's ``ROIPooler`` with ``ROIAlignV2``: each box is pooled from one pyramid level with
+    ``roi_align(aligned=True)`` (the half-pixel shift that puts sample points at pixel centres).
+
+    Same arguments and call as torchvision's :class:`MultiScaleRoIAlign` (whose ``roi_align`` is never
+    aligned), which it subclasses since torchvision's detectors accept only that type:
+    ``forward(features, boxes, image_shapes)`` with boxes in image pixels gives (R, C, *output_size) in
+    the order of the concatenated boxes. A box of side sqrt(area) goes to level
+    ``floor(canonical_level + log2(sqrt(area) / canonical_scale + 1e-8))``, clamped to the levels
+    there are (detectron2's ``assign_boxes_to_levels``, 224 and 4 by default). Each level's scale is
+    inferred, as torchvision infers it, from the largest image height: a power of two.
+    ``sampling_ratio`` 0 samples ceil(bin size) points per bin side (adaptive, detectron2's).
+    """
+
+    def __init__(self, featmap_names: Sequence[str], output_size: int, sampling_ratio: int = 0,
+                 canonical_scale: int = 224, canonical_level: int = 4):
+        super().__init__(list(featmap_names), output_size, sampling_ratio, canonical_scale=canonical_scale,
+                         canonical_level=canonical_level)
+
+    @staticmethod
+    def level_scales(features: list[Tensor], image_shapes: list[tuple[int, int]]) -> list[float]:
+        """1 / stride of each level: the feature height over the largest image height, rounded to 2**k."""
+        height = max(h for h, _ in image_shapes)
+        return [2.0 ** round(math.log2(f.shape[-2] / height)) for f in features]
+
+    def forward(self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]) -> Tensor:
+        features = [x[name] for name in self.featmap_names]
+        scales = self.level_scales(features, image_shapes)
+        k_min, k_max = (-round(math.log2(s)) for s in (scales[0], scales[-1]))
+        rois = torch.cat([torch.cat([b.new_full((len(b), 1), i), b], 1) for i, b in enumerate(boxes)])  # (R, 5)
+        side = box_ops.box_area(rois[:, 1:]).sqrt()  # (R,)
+        level = torch.floor(self.canonical_level + torch.log2(side / self.canonical_scale + 1e-8))
+        level = level.clamp(k_min, k_max).to(torch.int64) - k_min  # (R,): index into features
+        out = features[0].new_zeros((len(rois), features[0].shape[1], *self.output_size))  # (R, C, S, S)
+        for i, (feature, scale) in enumerate(zip(features, scales)):
+            idx = torch.where(level == i)[0]
+            pooled = roi_align(feature, rois[idx], self.output_size, spatial_scale=scale,
+                               sampling_ratio=self.sampling_ratio, aligned=True)
+            out[idx] = pooled.to(out.dtype)  # levels may differ in dtype under autocast
+        return out
+
+
+class L1RegionProposalNetwork(RegionProposalNetwork):
+    """torchvision's RPN with the box loss's smooth-L1 β as an argument (torchvision fixes 1/9;
+    detectron2's RPN uses 0, plain L1). The normalisation is torchvision's: both losses over the
+    sampled anchors (detectron2 divides by 256 per image, the same number when the sampler fills it)."""
+
+    def __init__(self, *args, box_loss_beta: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.box_loss_beta = box_loss_beta
+
+    def compute_loss(self, objectness: Tensor, pred_bbox_deltas: Tensor, labels: list[Tensor],
+                     regression_targets: list[Tensor]) -> tuple[Tensor, Tensor]:
+        positive, negative = self.fg_bg_sampler(labels)  # per image, (A_i,) masks
+        positive = torch.where(torch.cat(positive))[0]
+        sampled = torch.cat([positive, torch.where(torch.cat(negative))[0]])
+        targets = torch.cat(regression_targets)  # (A, 4)
+        box_loss = F.smooth_l1_loss(pred_bbox_deltas[positive], targets[positive], beta=self.box_loss_beta,
+                                    reduction="sum") / sampled.numel()
+        objectness_loss = F.binary_cross_entropy_with_logits(objectness.flatten()[sampled], torch.cat(labels)[sampled])
+        return objectness_loss, box_loss
+
+
+def _roi_pool(aligned: bool, size: int) -> nn.Module:
+    """The ``size``² RoI pooler over FEATURE_NAMES: RoIAlignV2 (aligned, adaptive sampling), or
+    torchvision's (unaligned, 2×2 samples per bin)."""
+    if aligned:
+        return AlignedMultiScaleRoIAlign(FEATURE_NAMES, output_size=size, sampling_ratio=0)
+    return MultiScaleRoIAlign(FEATURE_NAMES, output_size=size, sampling_ratio=2)
+
+
+def detection_pyramid(backbone: nn.Module, channels: int, protocol: str = DEFAULT_PROTOCOL) -> SimpleFeaturePyramid:
+    """The simple feature pyramid of ``channels`` channels on timm model ``backbone``, as ``protocol``
+    builds it (vitdet: on the last block without the final norm, convs at PyTorch's default init)."""
+    rules = _protocol(protocol)
+    return SimpleFeaturePyramid(backbone, out_channels=channels, final_norm=rules.final_norm,
+                                conv_init=rules.pyramid_init)
+
+
+def _pyramid(backbone: Union[str, nn.Module], pretrained: bool, channels: int, protocol: str) -> nn.Module:
+    """``backbone`` itself, or timm model ``backbone`` behind the protocol's simple feature pyramid."""
     if isinstance(backbone, str):
-        return SimpleFeaturePyramid(build_backbone(backbone, pretrained=pretrained), out_channels=channels)
+        return detection_pyramid(build_backbone(backbone, pretrained=pretrained), channels, protocol)
     if not hasattr(backbone, "out_channels"):
         raise ValueError(f"backbone {type(backbone).__name__} has no out_channels attribute; pass a feature "
                          "pyramid returning {'0','1','2','3','pool'} with out_channels, or a timm model name")
@@ -45,6 +182,7 @@ def build_maskrcnn(
     min_size: int = 800,
     max_size: int = 1333,
     *,
+    protocol: str = DEFAULT_PROTOCOL,
     conv_dim: int = 256,
     fc_dim: int = 1024,
     norm_layer: Optional[Callable[[int], nn.Module]] = LayerNorm2d,
@@ -54,12 +192,13 @@ def build_maskrcnn(
     """A torchvision Mask R-CNN (``cascade=False``) or Cascade Mask R-CNN (``cascade=True``).
 
     ``backbone``: a module mapping a (B, 3, H, W) batch to an ordered dict of feature maps "0" to "3"
-    (strides 4 to 32) and "pool" (stride 64), all with ``backbone.out_channels`` channels; or a timm
-    model name (e.g. "weightformer_tiny"), built by :func:`weightformer.models.pyramid.build_backbone`
-    (with timm's ImageNet weights if ``pretrained``) and wrapped in a ``SimpleFeaturePyramid`` of
-    ``conv_dim`` channels.
+    (strides 4 to 32) and "pool" (stride 64), all with ``backbone.out_channels`` channels (build it
+    with :func:`detection_pyramid` to follow the protocol there too); or a timm model name (e.g.
+    "weightformer_tiny"), built by :func:`weightformer.models.pyramid.build_backbone` (with timm's
+    ImageNet weights if ``pretrained``) and wrapped in the protocol's pyramid of ``conv_dim`` channels.
     ``num_classes`` counts the background, as torchvision does: a data set with K categories (COCO:
     80) needs ``K + 1`` (``CocoDetection.num_classes``). Label 0 is background.
+    ``protocol``: one of :data:`PROTOCOLS`, see the module docstring.
     The model resizes each image so its short side is ``min_size`` and its long side at most
     ``max_size``, then normalises it; ViTDet's recipe is ``min_size=max_size=1024``.
     ``conv_dim`` / ``fc_dim``: widths of the RoI heads' convolutions and of the box head's fc layer;
@@ -70,18 +209,19 @@ def build_maskrcnn(
     returns one dict per image with boxes (N, 4) xyxy, labels (N,), scores (N,) and masks (N, 1, H, W)
     in the input image's pixels.
     """
+    rules = _protocol(protocol)
     if cascade and CASCADE_SET & kwargs.keys():
         raise ValueError(f"{sorted(CASCADE_SET & kwargs.keys())} are set per stage in a cascade "
                          "(cascade.STAGE_IOU_THRESHOLDS, STAGE_REG_WEIGHTS); drop them or use cascade=False")
-    backbone = _pyramid(backbone, pretrained, conv_dim)
+    backbone = _pyramid(backbone, pretrained, conv_dim, protocol)
     channels = backbone.out_channels
     anchors = AnchorGenerator(ANCHOR_SIZES, ASPECT_RATIOS)
-    box_roi_pool = MultiScaleRoIAlign(FEATURE_NAMES, output_size=7, sampling_ratio=2)
-    mask_roi_pool = MultiScaleRoIAlign(FEATURE_NAMES, output_size=14, sampling_ratio=2)
+    box_roi_pool = _roi_pool(rules.aligned_roi_align, 7)
 
     def box_head() -> nn.Module:
         return FastRCNNConvFCHead((channels, 7, 7), [conv_dim] * 4, [fc_dim], norm_layer=norm_layer)
 
+    kwargs.setdefault("rpn_post_nms_top_n_train", rules.rpn_post_nms_top_n_train)
     model = MaskRCNN(
         backbone,
         num_classes=None,
@@ -92,13 +232,27 @@ def build_maskrcnn(
         box_roi_pool=box_roi_pool,
         box_head=box_head(),
         box_predictor=FastRCNNPredictor(fc_dim, num_classes),
-        mask_roi_pool=mask_roi_pool,
+        mask_roi_pool=_roi_pool(rules.aligned_roi_align, 14),
         mask_head=MaskRCNNHeads(channels, [conv_dim] * 4, 1, norm_layer=norm_layer),
         mask_predictor=MaskRCNNPredictor(conv_dim, conv_dim, num_classes),
         **kwargs,
     )
+    rpn, plain = model.rpn, model.roi_heads
+    if rules.box_loss_beta != TORCHVISION_BOX_LOSS_BETA:
+        model.rpn = L1RegionProposalNetwork(
+            rpn.anchor_generator, rpn.head, rpn.proposal_matcher.high_threshold, rpn.proposal_matcher.low_threshold,
+            rpn.fg_bg_sampler.batch_size_per_image, rpn.fg_bg_sampler.positive_fraction, rpn._pre_nms_top_n,
+            rpn._post_nms_top_n, rpn.nms_thresh, rpn.score_thresh, box_loss_beta=rules.box_loss_beta,
+        )
+        if not cascade:
+            model.roi_heads = MaskRCNNRoIHeads(
+                plain.box_roi_pool, plain.box_head, plain.box_predictor, plain.proposal_matcher.high_threshold,
+                plain.proposal_matcher.low_threshold, plain.fg_bg_sampler.batch_size_per_image,
+                plain.fg_bg_sampler.positive_fraction, plain.box_coder.weights, plain.score_thresh,
+                plain.nms_thresh, plain.detections_per_img, plain.mask_roi_pool, plain.mask_head,
+                plain.mask_predictor, box_loss_beta=rules.box_loss_beta,
+            )
     if cascade:
-        plain = model.roi_heads
         model.roi_heads = CascadeRoIHeads(
             box_roi_pool,
             [plain.box_head] + [box_head() for _ in STAGE_IOU_THRESHOLDS[1:]],
@@ -106,6 +260,10 @@ def build_maskrcnn(
             plain.mask_roi_pool,
             plain.mask_head,
             plain.mask_predictor,
+            loss_weights=rules.stage_loss_weights,
+            head_gradient_scale=rules.head_gradient_scale,
+            box_loss_beta=rules.box_loss_beta,
+            sample_later_stages=rules.sample_later_stages,
             batch_size_per_image=plain.fg_bg_sampler.batch_size_per_image,
             positive_fraction=plain.fg_bg_sampler.positive_fraction,
             score_thresh=plain.score_thresh,

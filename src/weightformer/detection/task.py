@@ -27,7 +27,7 @@ from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes, synthetic
-from .config import DetectionConfig
+from .config import LEGACY_PROTOCOL, DetectionConfig
 
 if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
     import torch
@@ -67,18 +67,22 @@ def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
 
 def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
-    size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
-    from ..models.pyramid import SimpleFeaturePyramid, build_backbone
-    from .model import build_maskrcnn
+    protocol, size), randomly initialised. A keyword or value the builders refuse is a ConfigError.
+    A checkpoint saved before the protocol setting has no ``protocol``: it was trained as the
+    ``torchvision`` protocol builds the detector."""
+    from ..models.pyramid import build_backbone
+    from .model import build_maskrcnn, detection_pyramid
 
     conv_dim = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
     backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
+    protocol = meta.get("protocol", LEGACY_PROTOCOL)
     what = f"a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']}"
     with model_arguments_checked(what, meta["model_kwargs"]):
         backbone = build_backbone(meta["model"], **backbone_kwargs)
-        pyramid = SimpleFeaturePyramid(backbone, out_channels=detector_kwargs.get("conv_dim", conv_dim))
-        return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], min_size=meta["img_size"],
-                              max_size=meta.get("max_size", meta["img_size"]), **detector_kwargs)
+        pyramid = detection_pyramid(backbone, detector_kwargs.get("conv_dim", conv_dim), protocol)
+        return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], protocol=protocol,
+                              min_size=meta["img_size"], max_size=meta.get("max_size", meta["img_size"]),
+                              **detector_kwargs)
 
 
 def _class_names(dataset: CocoDetection, num_classes: int) -> list[str]:
@@ -215,6 +219,7 @@ class DetectionTask(Task):
         meta = {
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
             "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
+            "protocol": cfg.det_protocol,
             "img_size": self.img_size,
             "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
             "data": cfg.data if cfg.data == synthetic.SHAPES_NAME else str(Path(cfg.data).expanduser().resolve()),

@@ -2,8 +2,10 @@
 
 ViTDet scales the learning rate of block i of L by ``layer_decay ** (L - i)``, the stem (patch embedding,
 position embedding, class token) by ``layer_decay ** (L + 1)``, and trains the neck and heads at the base
-rate: they count as one layer above the last block. The backbone's final norm shares the last block's
-layer (timm's ``group_matcher`` merges it into the previous group).
+rate: they count as one layer above the last block. So does every other backbone parameter, the final
+norm included: detectron2's ``get_vit_lr_decay_rate`` gives layer L + 1 to whatever is neither stem nor
+block. (timm's ``group_matcher`` merges the final norm into the last block's group instead; here it is
+taken out again.)
 
 Two traps, both closed here:
 
@@ -34,13 +36,15 @@ Example, runnable as is (a tiny random WeightFormer in a torchvision Mask R-CNN)
     print(sorted({round(g["lr"], 8) for g in optimizer.param_groups}))
     # 5 rates, 0.7 apart:
     # [2.24e-05, 3.2e-05, 4.572e-05, 6.531e-05, 9.33e-05]: stem, block 0, block 1,
-    # block 2 with the final norm, neck and heads
+    # block 2, the final norm with the neck and heads
 """
 
 import fnmatch
-from typing import Any, Collection, Dict, List, Tuple, Union
+import re
+from typing import Any, Collection, Dict, List, Set, Tuple, Union
 
 from timm.models import group_parameters
+from timm.models._manipulate import MATCH_PREV_GROUP
 from timm.optim import param_groups_layer_decay
 from torch import nn
 
@@ -49,6 +53,23 @@ __all__ = ["layer_decay_param_groups"]
 
 def _matches(name: str, patterns: Collection[str]) -> bool:
     return any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def _above_blocks(module: nn.Module) -> Set[str]:
+    """Names of ``module``'s parameters that are neither stem nor block: those its ``group_matcher``
+    matches only with an entry that merges into the previous group (timm's ``MATCH_PREV_GROUP``, the
+    final norm's), or matches not at all. (A callable matcher: none.)"""
+    matcher = module.group_matcher(coarse=False)
+    if not isinstance(matcher, dict):
+        return set()
+    patterns = []
+    for spec in matcher.values():
+        for entry in spec if isinstance(spec, (list, tuple)) else [spec]:
+            if isinstance(entry, str):
+                patterns.append(re.compile(entry))
+            elif entry is not None and tuple(entry[1] or ()) != MATCH_PREV_GROUP:
+                patterns.append(re.compile(entry[0]))
+    return {n for n, _ in module.named_parameters() if not any(p.match(n) for p in patterns)}
 
 
 def _find_backbone(model: nn.Module, backbone: Union[str, nn.Module]) -> Tuple[nn.Module, str]:
@@ -104,6 +125,13 @@ def layer_decay_param_groups(
     )
     for group in groups:  # timm puts the backbone's last layer at 1; the neck and heads are one layer above
         group["lr_scale"] *= layer_decay
+    above = {id(p) for n, p in module.named_parameters() if n in _above_blocks(module)}
+    for group in list(groups):  # the final norm: out of the last block's group, to the neck's rate
+        moved = [p for p in group["params"] if id(p) in above]
+        if moved:
+            group["params"] = [p for p in group["params"] if id(p) not in above]
+            groups.append({"params": moved, "weight_decay": group["weight_decay"], "lr_scale": 1.0})
+    groups = [g for g in groups if g["params"]]
 
     in_backbone = {id(p) for p in module.parameters()}
     decay, no_decay = [], []

@@ -10,6 +10,13 @@ backbone, one small module per scale:
     each then: Conv 1×1 -> LayerNorm -> Conv 3×3 -> LayerNorm   (out_channels, LayerNorm over channels)
     "pool":    stride 64, the stride-32 map subsampled by 2 (torchvision's LastLevelMaxPool), for the RPN
 
+Two choices differ between references. ``final_norm``: ViTDet's ViT has no final norm, so its pyramid
+reads the last block as it is (``final_norm=False``); a timm model's ``norm`` is then left out of the
+forward and frozen, so that no parameter lacks a gradient (DDP needs no ``find_unused_parameters``).
+The default, ``True``, reads the block after the backbone's final norm. ``conv_init``: ``"pytorch"``
+leaves the 1×1 and 3×3 convolutions at PyTorch's default initialisation, as ViTDet's pyramid does;
+``"c2_xavier"`` (the default) gives them detectron2's FPN initialisation, c2_xavier_fill.
+
 Any timm model with ``forward_intermediates`` and a stride-16 ``feature_info`` works: WeightFormer
 takes any image size as it is; timm's ViT/DeiT need ``dynamic_img_size=True`` (the position embedding
 is then resized to each grid), which ``build_backbone`` passes. Class tokens never reach the pyramid:
@@ -57,7 +64,9 @@ from timm.layers import LayerNorm2d
 from timm.models import get_pretrained_cfg
 from torch import Tensor, nn
 
-__all__ = ["SimpleFeaturePyramid", "build_backbone"]
+__all__ = ["CONV_INITS", "SimpleFeaturePyramid", "build_backbone"]
+
+CONV_INITS = ("c2_xavier", "pytorch")
 
 
 def build_backbone(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -81,12 +90,14 @@ def _norm(norm: str, channels: int) -> nn.Module:
     return LayerNorm2d(channels) if norm == "LN" else nn.Identity()
 
 
-def _conv(in_chs: int, out_chs: int, kernel_size: int, norm: str) -> nn.Sequential:
-    """Conv (no bias before a norm) -> norm, initialised as detectron2's c2_xavier_fill."""
+def _conv(in_chs: int, out_chs: int, kernel_size: int, norm: str, init: str) -> nn.Sequential:
+    """Conv (no bias before a norm) -> norm; ``init`` c2_xavier: detectron2's c2_xavier_fill, pytorch:
+    nn.Conv2d's own."""
     conv = nn.Conv2d(in_chs, out_chs, kernel_size, padding=kernel_size // 2, bias=norm == "")
-    nn.init.kaiming_uniform_(conv.weight, a=1)
-    if conv.bias is not None:
-        nn.init.zeros_(conv.bias)
+    if init == "c2_xavier":
+        nn.init.kaiming_uniform_(conv.weight, a=1)
+        if conv.bias is not None:
+            nn.init.zeros_(conv.bias)
     return nn.Sequential(conv, _norm(norm, out_chs))
 
 
@@ -108,10 +119,11 @@ def _resample(scale: float, dim: int, norm: str) -> Tuple[nn.Sequential, int]:
     raise ValueError(f"scale {scale} is not one of ViTDet's 4.0, 2.0, 1.0, 0.5")
 
 
-def _level(scale: float, dim: int, out_channels: int, norm: str) -> nn.Sequential:
+def _level(scale: float, dim: int, out_channels: int, norm: str, init: str) -> nn.Sequential:
     """One pyramid level: resample, then Conv 1×1 -> norm -> Conv 3×3 -> norm."""
     resample, chs = _resample(scale, dim, norm)
-    return nn.Sequential(resample, _conv(chs, out_channels, 1, norm), _conv(out_channels, out_channels, 3, norm))
+    return nn.Sequential(resample, _conv(chs, out_channels, 1, norm, init),
+                         _conv(out_channels, out_channels, 3, norm, init))
 
 
 class SimpleFeaturePyramid(nn.Module):
@@ -119,8 +131,7 @@ class SimpleFeaturePyramid(nn.Module):
 
     ``forward`` maps (B, 3, H, W) images to an ordered dict "0", "1", ... (one per scale, finest first)
     and "pool" (if ``top_block``), each (B, out_channels, h, w); ``strides`` gives each key's stride.
-    The backbone's map is taken after its final norm, so every backbone parameter gets a gradient
-    (DDP needs no ``find_unused_parameters``).
+    ``final_norm`` and ``conv_init``: see the module docstring.
     """
 
     def __init__(
@@ -130,6 +141,8 @@ class SimpleFeaturePyramid(nn.Module):
         scales: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
         norm: str = "LN",
         top_block: bool = True,
+        final_norm: bool = True,
+        conv_init: str = "c2_xavier",
     ):
         super().__init__()
         if not hasattr(backbone, "forward_intermediates") or not hasattr(backbone, "feature_info"):
@@ -139,6 +152,8 @@ class SimpleFeaturePyramid(nn.Module):
             )
         if norm not in ("LN", ""):
             raise ValueError(f"norm must be 'LN' (LayerNorm over channels) or '' (none), got {norm!r}")
+        if conv_init not in CONV_INITS:
+            raise ValueError(f"conv_init must be one of {', '.join(CONV_INITS)}, got {conv_init!r}")
         scales = [float(s) for s in scales]
         if not scales or scales != sorted(scales, reverse=True) or len(set(scales)) != len(scales):
             raise ValueError(f"scales must be distinct and decreasing (finest level first), got {scales}")
@@ -150,7 +165,11 @@ class SimpleFeaturePyramid(nn.Module):
             )
         self.backbone = backbone
         self.out_channels = out_channels
-        self.levels = nn.ModuleList(_level(s, dim, out_channels, norm) for s in scales)
+        self.levels = nn.ModuleList(_level(s, dim, out_channels, norm, conv_init) for s in scales)
+        self.final_norm = final_norm
+        if not final_norm:  # the norm is out of the forward: frozen, so that DDP sees no gradient missing
+            for p in getattr(backbone, "norm", nn.Identity()).parameters():
+                p.requires_grad_(False)
         self.top_block = top_block
         self.strides: Dict[str, int] = {str(i): int(in_stride / s) for i, s in enumerate(scales)}
         self.size_divisor = max(in_stride, *self.strides.values())  # every level, and the backbone, divide it
@@ -163,7 +182,7 @@ class SimpleFeaturePyramid(nn.Module):
         # zeros at the bottom and right: (B, 3, H, W) -> (B, 3, H', W'), H' and W' multiples of d
         images = F.pad(images, (0, math.ceil(W / d) * d - W, 0, math.ceil(H / d) * d - H))
         x = self.backbone.forward_intermediates(  # the last block: [(B, C, H'/16, W'/16)]
-            images, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True
+            images, indices=1, norm=self.final_norm, output_fmt="NCHW", intermediates_only=True
         )[-1]
         feats = OrderedDict((str(i), level(x)) for i, level in enumerate(self.levels))  # (B, out, H'/s, W'/s)
         if self.top_block:
