@@ -359,3 +359,22 @@ def test_dynamic_linear_low_rank_form_has_finite_gradients_at_a_zero_update():
     assert layer.applies_low_rank(4)
     layer(x).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters()) and torch.isfinite(x.grad).all()
+
+
+def test_a_hook_on_the_predictor_sees_delta_w_where_the_low_rank_form_would_apply():
+    """The analysis tools read ΔWᵀ (B, O, C) through a forward hook on the predictor: a hooked predictor
+    keeps the dense form, which calls it, and the output is the same function."""
+    layer = DynamicLinear(32, 128).double()
+    _randomise(layer, std=0.1)
+    x = torch.randn(2, 4, 5, 32, dtype=torch.float64)
+    unhooked = layer(x)
+    seen = []
+    handle = layer.predictor.register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        assert not layer.applies_low_rank(20)
+        hooked = layer(x)
+    finally:
+        handle.remove()
+    assert layer.applies_low_rank(20)
+    assert len(seen) == 1 and seen[0].shape == (2, 128, 32)
+    torch.testing.assert_close(hooked, unhooked, rtol=1e-10, atol=1e-10)

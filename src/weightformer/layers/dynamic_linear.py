@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
 from .dynamic_layer import DynamicWeightLayer
+from .inference import hookless
 
 __all__ = [
     "LINEAR_PREDICTORS",
@@ -250,11 +251,12 @@ class DynamicLinear(DynamicWeightLayer):
         """Whether ``forward_fast`` applies ΔŴ in its low-rank form (:meth:`forward_low_rank`) to a sample of
         ``num_tokens`` tokens: in eager mode, for a predictor whose ΔW is U_inᵀ·core·U_out, when that costs
         fewer multiply-adds than forming each sample's C×O weight, N·C/r·(C + O) < C·O·C/r, i.e.
-        N < C·O/(C + O) (WeightFormer-S's fc1 at 224²: 196 tokens < 307)."""
+        N < C·O/(C + O) (WeightFormer-S's fc1 at 224²: 196 tokens < 307). A hook on the predictor (the
+        analysis tools read ΔW through one) keeps the dense form, which calls the predictor."""
         if torch.jit.is_scripting() or torch.compiler.is_compiling():  # traced graphs keep one form for every size
             return False
         predictor_forward = type(self.predictor).forward
-        return predictor_forward is _LowRankPredictor.forward and num_tokens * (
+        return predictor_forward is _LowRankPredictor.forward and hookless(self.predictor) and num_tokens * (
             self.in_features + self.out_features) < self.in_features * self.out_features
 
     def forward_low_rank(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
