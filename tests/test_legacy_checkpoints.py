@@ -76,7 +76,10 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     assert "recipe resumed" in out and f"resumed from {run / 'last.pt'}" in out
     after = torch.load(run / "last.pt", weights_only=True)
     assert after["global_step"] == saved["global_step"] + 1
-    assert after["meta"] == saved["meta"]  # the same model, data and classes: nothing from another recipe
+    # the same model, data and classes: nothing from another recipe. A dense run's meta now names its
+    # protocol (issue 21): a legacy run resumes as the protocol it was trained with.
+    protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
+    assert "protocol" not in saved["meta"] and after["meta"] == {**saved["meta"], **protocol}
 
 
 def test_a_legacy_checkpoint_starts_a_new_run_with_init(tmp_path: Path, capsys):

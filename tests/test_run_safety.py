@@ -14,6 +14,7 @@ import timm
 import torch
 from PIL import Image
 from safetensors.torch import save_file
+from timm.loss import SoftTargetCrossEntropy  # the classification task's mixup loss
 from torchvision import transforms as T
 from tqdm import tqdm
 
@@ -155,14 +156,14 @@ def test_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_c
         folder, tmp_path, capsys, monkeypatch):
     output = tmp_path / "o"
     calls = {"n": 0}
-    real_loss = classification_task.SoftTargetCrossEntropy.forward
+    real_loss = SoftTargetCrossEntropy.forward
 
     def loss_that_diverges(self, x, target):
         calls["n"] += 1
         loss = real_loss(self, x, target)
         return loss * float("nan") if calls["n"] == 3 else loss  # step 1 of epoch 2 (2 steps an epoch)
 
-    monkeypatch.setattr(classification_task.SoftTargetCrossEntropy, "forward", loss_that_diverges)
+    monkeypatch.setattr(SoftTargetCrossEntropy, "forward", loss_that_diverges)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # progress bars on, as on a terminal
     assert main(["train", "--data", str(folder), "--output", str(output), "--set", "mixup=0.8", *FLAGS]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
