@@ -6,7 +6,6 @@ mask_rcnn_fpn.py``); issue 21, points 1-6. Each test states the reference's beha
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import MultiScaleRoIAlign, box_iou, roi_align
 
+from detection_stand_ins import FakePyramid
 from weightformer.detection import cascade as cascade_module
 from weightformer.detection.cascade import STAGE_IOU_THRESHOLDS, MaskRCNNRoIHeads, box_loss
 from weightformer.detection import recipes
@@ -32,25 +32,6 @@ SIZE = 96
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class FakePyramid(nn.Module):
-    """Strided convs standing in for the simple feature pyramid: "0".."3" at strides 4..32, "pool" at 64."""
-
-    def __init__(self, channels: int = 16):
-        super().__init__()
-        self.out_channels = channels
-        self.stem = nn.Conv2d(3, channels, 4, stride=4)
-        self.down = nn.ModuleList(nn.Conv2d(channels, channels, 3, stride=2, padding=1) for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
-        x = torch.relu(self.stem(x))  # (B, C, H/4, W/4)
-        features = OrderedDict([("0", x)])
-        for i, conv in enumerate(self.down):
-            x = torch.relu(conv(x))
-            features[str(i + 1)] = x
-        features["pool"] = F.max_pool2d(x, 1, 2)
-        return features
 
 
 def tiny(cascade: bool, protocol: str = "vitdet", **kwargs) -> nn.Module:
