@@ -69,6 +69,9 @@ class TrainConfig:
     model: str = setting("weightformer_tiny", help="the model (a timm name for the backbone tasks)")
     # Keyword arguments of the model builder (timm.create_model's, for the backbone tasks).
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    long_range: bool = setting(False, help="use the long-range design of --model (the centered predictor in every "
+                                           "block, docs/analysis.md), keeping the recipe's model settings: "
+                                           "weightformer_tiny becomes weightformer_long_range_tiny")
     # optimisation
     epochs: int = setting(300, help="length of the schedule in epochs")
     max_steps: Optional[int] = setting(None, help="stop after this many optimizer steps; the schedule is unchanged "
@@ -107,6 +110,21 @@ class TrainConfig:
     overwrite: bool = setting(False, help="start anew in an --output folder that holds a run; its files move to "
                                           "previous-<time>/")
     log_interval: int = setting(50, help="steps between log lines when not on a terminal")
+
+    @classmethod
+    def long_range_model(cls, model: str) -> Optional[str]:
+        """The long-range design of ``model`` (``model`` itself when it is one), or None when it has none.
+        A task whose models are not timm backbones overrides this."""
+        from ..models.names import long_range_design
+
+        return long_range_design(model)
+
+    @classmethod
+    def long_range_hint(cls) -> str:
+        """The models that have a long-range design, for an error message."""
+        from ..models.names import LONG_RANGE_DESIGNS
+
+        return " or ".join(LONG_RANGE_DESIGNS)
 
     # (setting, test of a value of the right type, what the value must be), checked in this order.
     # A subclass lists its own fields' rules in its own RULES; every class's rules apply.
@@ -322,16 +340,22 @@ def resolve_config(
     then each of ``layers`` (a config file's values, then the flags), checked.
 
     ``model_kwargs`` mappings are merged key by key rather than replaced, except that a layer naming
-    another ``model`` than ``base`` drops ``base``'s kwargs (they were chosen for its model). Keys
-    of ``base`` that are not fields of ``config_class`` are left out (a checkpoint written by an
-    older version); keys of ``layers`` must be fields.
+    another ``model`` than ``base`` drops ``base``'s kwargs (they were chosen for its model); the long-range
+    design of ``base``'s model is not another model. ``long_range`` then replaces the model by its
+    long-range design (:meth:`TrainConfig.long_range_model`). Keys of ``base`` that are not fields of
+    ``config_class`` are left out (a checkpoint written by an older version); keys of ``layers`` must be
+    fields.
     """
     fields = config_fields(config_class)
     base = {k: v for k, v in (base or {}).items() if k in fields}
     checked = [{k: _check_value(config_class, k, v) for k, v in layer.items()}
                for layer in (base, *layers)]
     # Another architecture than the base's: the base's kwargs were chosen for its model, drop them.
-    other_model = "model" in checked[0] and any("model" in l and l["model"] != checked[0]["model"] for l in checked[1:])
+    if "model" in checked[0]:
+        same = {checked[0]["model"], config_class.long_range_model(checked[0]["model"])}
+        other_model = any("model" in layer and layer["model"] not in same for layer in checked[1:])
+    else:
+        other_model = False
     values: dict[str, Any] = {}
     model_kwargs: dict[str, Any] = {}
     for layer in checked[1:] if other_model else checked:
@@ -339,6 +363,12 @@ def resolve_config(
     for layer in checked:
         values.update({k: v for k, v in layer.items() if k != "model_kwargs"})
     values["model_kwargs"] = model_kwargs
+    if values.get("long_range"):
+        model = values.get("model", config_fields(config_class)["model"].default)
+        values["model"] = config_class.long_range_model(model)
+        if values["model"] is None:
+            raise ConfigError(f"--long-range: model {model!r} has no long-range design; use it with "
+                              f"{config_class.long_range_hint()}, or name a model without --long-range")
     return validate_config(config_class(**values))
 
 

@@ -27,7 +27,8 @@ class GenerationConfig(TrainConfig):
 
     data: str = setting("mnist", help="mnist (bundled) or an ImageFolder tree with train/ and val/ (a folder per "
                                       "class in each); its size picks the recipe")
-    model: str = setting("wf_dit_s_2", help="the diffusion model: wf_dit_{s,b,l,xl}_{2,4,8} (WeightFormer-DiT) or "
+    model: str = setting("wf_dit_s_2", help="the diffusion model: wf_dit_{s,b,l,xl}_{2,4,8} (WeightFormer-DiT), "
+                                            "wf_dit_long_range_{s,b,l,xl}_{2,4,8} (its long-range design) or "
                                             "dit_{s,b,l,xl}_{2,4,8} (DiT, attention)")
     # The small-data recipe sizes these two to the folder, so the recipes' values cannot be listed.
     workers: int = setting(TrainConfig.workers,
@@ -49,6 +50,17 @@ class GenerationConfig(TrainConfig):
         ("min_snr_gamma", lambda v: v is None or v > 0, "a positive SNR cap such as 5, or null for DiT's uniform "
                                                         "weighting"),
     )
+
+    @classmethod
+    def long_range_model(cls, model: str) -> Optional[str]:
+        from ..models.names import long_range_design
+        from .variants import LONG_RANGE_VARIANTS
+
+        return long_range_design(model, LONG_RANGE_VARIANTS)
+
+    @classmethod
+    def long_range_hint(cls) -> str:
+        return "a WeightFormer-DiT (wf_dit_{s,b,l,xl}_{2,4,8})"
 
     def check(self) -> None:
         from .variants import DIT_VARIANTS  # imports the models (torch, diffusers): the command line reads this class

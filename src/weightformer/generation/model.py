@@ -89,7 +89,8 @@ class LabelEmbedder(nn.Module):
 class WeightFormerDiTBlock(nn.Module):
     """The release's block: x = LN(x); x += g₁·DWC(mod(x)); x += g₂·MLP(mod(LN(x))); see the module docstring."""
 
-    def __init__(self, hidden_size: int, mlp_ratio: float, grid: tuple[int, int], dynamic: bool):
+    def __init__(self, hidden_size: int, mlp_ratio: float, grid: tuple[int, int], dynamic: bool,
+                 linear_predictor: str = "bilateral"):
         super().__init__()
         hidden = int(hidden_size * mlp_ratio)
         self.grid = grid
@@ -99,7 +100,7 @@ class WeightFormerDiTBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         if dynamic:
             self.dwc = DynamicDWConv(hidden_size, 3)
-            self.linear1 = DynamicLinear(hidden_size, hidden)
+            self.linear1 = DynamicLinear(hidden_size, hidden, predictor=linear_predictor)
         else:
             self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
             self.linear1 = nn.Linear(hidden_size, hidden)
@@ -221,6 +222,9 @@ class WeightFormerDiT(nn.Module):
     (B, out_channels, H, W): the noise prediction, then (``learn_sigma``) the variance interpolation
     values. ``guidance`` picks what :meth:`forward_with_cfg` guides by default: ``"release"`` the first
     three output channels as the release and DiT do, ``"standard"`` all ``in_channels`` noise channels.
+    ``linear_predictor`` and ``dynamic_period`` (WeightFormer only) choose the dynamic MLP layer's
+    predictor and which blocks are dynamic, as for the classifier: ``"centered"`` with period 1 is the
+    long-range design (``wf_dit_long_range_*``, see :mod:`.variants`).
     """
 
     def __init__(
@@ -237,12 +241,16 @@ class WeightFormerDiT(nn.Module):
         mixer: str = "weightformer",
         num_heads: int = 16,
         guidance: str = "release",
+        linear_predictor: str = "bilateral",
+        dynamic_period: int = 3,
     ):
         super().__init__()
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
         if guidance not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {guidance!r}")
+        if mixer == "attention" and (linear_predictor, dynamic_period) != ("bilateral", 3):
+            raise ValueError("linear_predictor and dynamic_period choose WeightFormer blocks; the attention DiT has none")
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
@@ -257,7 +265,8 @@ class WeightFormerDiT(nn.Module):
         pos = get_2d_sincos_pos_embed(hidden_size, side, base_size=side, output_type="pt")  # (N, D), DiT's layout
         self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
         if mixer == "weightformer":
-            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, is_dynamic_block(i, 3)) for i in range(depth)]
+            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, is_dynamic_block(i, dynamic_period),
+                                           linear_predictor) for i in range(depth)]
         else:
             blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)

@@ -4,6 +4,9 @@
   to match DiT's parameters: a WeightFormer block has no 4C² attention projections), widths 384 and 768.
 - ``wf_dit_{l,xl}_{2,4,8}``: DiT-L and -XL widths (1024, 1152) for scaling runs. Not released: their
   depths, 30 and 35, are DiT's 24 and 28 scaled by the release's 15/12.
+- ``wf_dit_long_range_{s,b,l,xl}_{2,4,8}`` ("WF-DiT-Long-Range-S/2", ...): WF-DiT with the classifier's
+  long-range design (:data:`weightformer.models.weightformer_long_range.LONG_RANGE_ARGS`: the ``centered``
+  linear predictor in every block), at WF-DiT's sizes. Not released; docs/generation.md measures it.
 - ``dit_{s,b,l,xl}_{2,4,8}``: the attention DiT baseline, DiT's own configs (depth 12/12/24/28, 6/12/16/16 heads).
 
 Keyword arguments (``input_size``, ``in_channels``, ``num_classes``, ...) pass to :class:`WeightFormerDiT`.
@@ -15,26 +18,32 @@ from typing import Any
 
 from timm.models import register_model
 
+from ..models.weightformer_long_range import LONG_RANGE_ARGS
 from .model import WeightFormerDiT
 
-__all__ = ["DIT_VARIANTS", "create_dit", "variant_name"]
+__all__ = ["DIT_VARIANTS", "LONG_RANGE_VARIANTS", "create_dit", "variant_name"]
 
 # size -> (hidden_size, WeightFormer depth, attention depth, attention heads)
 _SIZES = {"s": (384, 15, 12, 6), "b": (768, 15, 12, 12), "l": (1024, 30, 24, 16), "xl": (1152, 35, 28, 16)}
 _PATCHES = (2, 4, 8)
 
 
-def _arguments(mixer: str, size: str, patch: int) -> dict[str, Any]:
+def _arguments(design: str, size: str, patch: int) -> dict[str, Any]:
     hidden, wf_depth, attn_depth, heads = _SIZES[size]
-    if mixer == "weightformer":
-        return dict(hidden_size=hidden, depth=wf_depth, patch_size=patch, mixer=mixer)
-    return dict(hidden_size=hidden, depth=attn_depth, patch_size=patch, mixer=mixer, num_heads=heads)
+    if design == "attention":
+        return dict(hidden_size=hidden, depth=attn_depth, patch_size=patch, mixer="attention", num_heads=heads)
+    long_range = LONG_RANGE_ARGS if design == "long_range" else {}
+    return dict(hidden_size=hidden, depth=wf_depth, patch_size=patch, mixer="weightformer", **long_range)
 
 
 DIT_VARIANTS: dict[str, dict[str, Any]] = {
-    f"{prefix}_{size}_{patch}": _arguments(mixer, size, patch)
-    for prefix, mixer in (("wf_dit", "weightformer"), ("dit", "attention")) for size in _SIZES for patch in _PATCHES
+    f"{prefix}_{size}_{patch}": _arguments(design, size, patch)
+    for prefix, design in (("wf_dit", "released"), ("wf_dit_long_range", "long_range"), ("dit", "attention"))
+    for size in _SIZES for patch in _PATCHES
 }
+
+# A released WF-DiT -> its long-range design at the same size and patch.
+LONG_RANGE_VARIANTS = {f"wf_dit_{size}_{patch}": f"wf_dit_long_range_{size}_{patch}" for size in _SIZES for patch in _PATCHES}
 
 
 def variant_name(paper_name: str) -> str:

@@ -1,0 +1,284 @@
+"""The long-range design in every task: detection's, segmentation's and generation's offline jobs with the
+released backbone, the long-range design, ``centered`` at the released placement and the attention
+baseline, at one budget and several seeds; then a table of scores and costs.
+
+    python benchmarks/long_range_tasks.py                    # every run not done yet, then the tables
+    python benchmarks/long_range_tasks.py --tasks seg --seeds 0 1 2 --jobs 2
+    python benchmarks/long_range_tasks.py --table-only       # the tables from the runs on disk
+
+Each run is the task's own command line (``weightformer det|seg|gen train`` on its offline data with the
+offline recipe, ``--epochs`` set to this benchmark's budget), printed as it starts and kept in the
+table's JSON, with OMP_NUM_THREADS=1, into ``--runs``/<task>/<variant>/seed<N>/. A run whose folder holds
+a finished ``last.pt`` is not run again. Variants:
+
+- ``released``: the recipe's model (``weightformer_tiny`` / ``wf_dit_s_4`` at the recipe's size);
+- ``long_range``: the same command with ``--long-range`` (every block dynamic, ``centered`` predictor);
+- ``centered_released``: ``--model-kwargs linear_predictor=centered``: the predictor at the released
+  placement (blocks 1, 4, 7, ... dynamic), so placement and predictor can be told apart;
+- ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels, the
+  recipe's other model settings.
+
+Scores are the last epoch's (the budget is the same for all): bbox/segm mAP, mIoU; for generation the
+samples of ``weightformer gen sample`` (20 per class, DDIM 50 steps, cfg 4, seed 0) scored by
+``weightformer gen eval`` (the judge's class accuracy and judge_fd). Costs, measured here after the runs
+on randomly initialised copies of each model, one thread: parameters, GMACs per image (the backbone's for
+det and seg, whose heads are the same for all variants; the whole denoiser for gen; attention's matmuls
+counted) and inference images per second (median of 7 timed calls after 2 warm-ups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "long_range"
+VARIANTS = ("released", "long_range", "centered_released", "attention")
+# The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
+# so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
+EPOCHS = {"det": 8, "seg": 25, "gen": 6}
+HEAD_CHANNELS = 32  # the attention baselines' channels per head
+
+
+def _recipe_kwargs(task: str) -> dict[str, Any]:
+    """The offline recipe's model and model_kwargs (the attention baseline keeps the non-backbone ones)."""
+    if task == "det":
+        from weightformer.detection.recipes import OFFLINE
+        values = OFFLINE.values
+    elif task == "seg":
+        from weightformer.segmentation.recipes import OFFLINE
+        values = OFFLINE.values
+    else:
+        from weightformer.generation.recipes import OFFLINE_VALUES as values
+    return {"model": values["model"], "model_kwargs": dict(values["model_kwargs"]), "img_size": values["img_size"]}
+
+
+def _kwargs_flags(kwargs: dict[str, Any]) -> list[str]:
+    return ["--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items())]
+
+
+def variant_flags(task: str, variant: str) -> list[str]:
+    """What the variant adds to the task's offline command line."""
+    if variant == "released":
+        return []
+    if variant == "long_range":
+        return ["--long-range"]
+    if variant == "centered_released":
+        return ["--model-kwargs", "linear_predictor=centered"]
+    recipe = _recipe_kwargs(task)
+    kwargs = recipe["model_kwargs"]
+    if task == "gen":
+        heads = kwargs["hidden_size"] // HEAD_CHANNELS
+        return ["--model", recipe["model"].replace("wf_dit", "dit"), *_kwargs_flags({**kwargs, "num_heads": heads})]
+    heads = kwargs["embed_dim"] // HEAD_CHANNELS
+    return ["--model", "deit_tiny_patch16_224",
+            *_kwargs_flags({**kwargs, "num_heads": heads, "img_size": recipe["img_size"]})]
+
+
+def train_command(task: str, variant: str, seed: int, output: Path) -> list[str]:
+    return ["weightformer", task, "train", "--epochs", str(EPOCHS[task]), "--seed", str(seed),
+            "--output", str(output), *variant_flags(task, variant), *SMOKE_FLAGS]
+
+
+SMOKE_FLAGS: list[str] = []  # --smoke: a few steps of each run, to check the commands
+
+
+def sample_commands(run: Path) -> list[list[str]]:
+    samples = run / "samples"
+    return [["weightformer", "gen", "sample", "--checkpoint", str(run / "last.pt"), "--out", str(samples),
+             "--num-per-class", "20", "--sampler", "ddim", "--steps", "50", "--cfg-scale", "4.0", "--seed", "0",
+             "--overwrite"],
+            ["weightformer", "gen", "eval", str(samples), "--checkpoint", str(run / "last.pt"),
+             "--json", str(run / "eval.json"), "--overwrite"]]
+
+
+def _run(command: list[str], log: Path) -> None:
+    """``command`` (a ``weightformer`` command line) on one thread, with this checkout's package first on
+    the path: a copy of the repository (``git worktree add``) benchmarks its own code."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    print("$", shlex.join(command), flush=True)
+    with log.open("a") as out:
+        out.write("$ " + shlex.join(command) + "\n")
+        out.flush()
+        done = subprocess.run([sys.executable, "-m", *command], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{shlex.join(command)} failed ({done.returncode}); see {log}")
+
+
+def _finished(task: str, run: Path) -> bool:
+    if not (run / "metrics.jsonl").is_file():
+        return False
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    done = bool(lines) and json.loads(lines[-1]).get("epoch") == EPOCHS[task]
+    return done and (task != "gen" or (run / "eval.json").is_file())
+
+
+def run_one(task: str, variant: str, seed: int, runs: Path) -> dict[str, Any]:
+    run = runs / task / variant / f"seed{seed}"
+    commands = [train_command(task, variant, seed, run)] + (sample_commands(run) if task == "gen" else [])
+    if not _finished(task, run):
+        run.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        log = run.parent / f"seed{seed}.log"
+        _run([*commands[0], "--overwrite"] if (run / "metrics.jsonl").exists() else commands[0], log)
+        for command in commands[1:]:
+            _run(command, log)
+        (run / "wall_s.txt").write_text(f"{time.perf_counter() - start:.0f}\n")
+    return {"task": task, "variant": variant, "seed": seed, "commands": [shlex.join(c) for c in commands],
+            **scores(task, run)}
+
+
+def scores(task: str, run: Path) -> dict[str, Any]:
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    wall = (run / "wall_s.txt").read_text().strip() if (run / "wall_s.txt").is_file() else None
+    out: dict[str, Any] = {"wall_s": float(wall) if wall else None, "train_img_per_s": last.get("img_per_s")}
+    if task == "det":
+        out.update(bbox_mAP=last["val_bbox_mAP"], segm_mAP=last["val_segm_mAP"])
+    elif task == "seg":
+        out.update(mIoU=last["val_mIoU"], mAcc=last["val_mAcc"])
+    else:
+        judged = json.loads((run / "eval.json").read_text())
+        judged = judged.get("metrics", judged)
+        out.update(class_accuracy=judged["class_accuracy"] * 100, judge_fd=judged["judge_fd"],
+                   val_mse=last.get("val_mse_ema", last.get("val_mse")))
+    return out
+
+
+def cost(task: str, run: Path) -> dict[str, Any]:
+    """Parameters, GMACs per image and inference images/s of the run's model, freshly initialised."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from weightformer.engine.weights import read_checkpoint
+    from weightformer.engine.registry import get_task
+
+    torch.set_num_threads(1)
+    ckpt = read_checkpoint(run / "last.pt")
+    meta = ckpt["meta"]
+    model = get_task(meta["task"]).model_from_meta(meta).eval()
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False  # explicit QKᵀ and AV, which the counter sees
+    size = int(meta.get("img_size") or _recipe_kwargs(task)["img_size"])
+    if task == "gen":
+        channels = model.in_channels
+        x, t, y = torch.randn(1, channels, size, size), torch.tensor([500]), torch.tensor([0])
+        call, counted = (lambda: model(x, t, y)), (lambda: model(x, t, y))
+    else:
+        images = torch.randn(1, 3, size, size)
+        backbone = model.backbone.backbone if task == "det" else model.backbone
+        trunk = getattr(backbone, "backbone", backbone)
+        call = (lambda: model([images[0]])) if task == "det" else (lambda: model(images))
+        counted = lambda: trunk.forward_features(images)  # noqa: E731
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        counted()
+    times = []
+    with torch.inference_mode():
+        for i in range(9):
+            start = time.perf_counter()
+            call()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+    return {"params_M": sum(p.numel() for p in model.parameters()) / 1e6, "gmacs": counter.get_total_flops() / 2e9,
+            "img_per_s": 1 / statistics.median(times), "model": meta["model"]}
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [("mIoU", "mIoU"), ("mAcc", "mAcc")],
+           "gen": [("class_accuracy", "class-correct %"), ("judge_fd", "judge_fd (not FID)"), ("val_mse", "val ε-MSE")]}
+COST_NAME = {"det": "backbone GMACs", "seg": "backbone GMACs", "gen": "GMACs"}
+
+
+def markdown(task: str, rows: list[dict[str, Any]], costs: dict[str, dict[str, Any]]) -> str:
+    head = [c[1] for c in COLUMNS[task]]
+    lines = [f"| variant | model | {' | '.join(head)} | seeds | params | {COST_NAME[task]} | img/s (infer) |",
+             "|---" * (len(head) + 6) + "|"]
+    for variant in VARIANTS:
+        mine = [r for r in rows if r["variant"] == variant]
+        if not mine:
+            continue
+        c = costs[variant]
+        cells = [_mean_std([r[key] for r in mine]) for key, _ in COLUMNS[task]]
+        per_seed = "/".join(f"{r[COLUMNS[task][0][0]]:.1f}" for r in mine)
+        lines.append(f"| {variant} | `{c['model']}` | {' | '.join(cells)} | {len(mine)} ({per_seed}) | "
+                     f"{c['params_M']:.2f}M | {c['gmacs']:.3f} | {c['img_per_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads_per_run": 1,
+            "load_average_at_table": load, "python": platform.python_version()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", default=list(EPOCHS), choices=list(EPOCHS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread)")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "long_range")
+    parser.add_argument("--table-only", action="store_true", help="no runs: the tables from what is on disk")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--smoke", action="store_true", help="one epoch of 2 steps per run (checks the commands)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        EPOCHS.update(dict.fromkeys(EPOCHS, 1))
+        SMOKE_FLAGS[:] = ["--max-steps", "2"]
+    todo = [(t, v, s) for t in args.tasks for v in args.variants for s in args.seeds]
+    if args.table_only:
+        todo = [(t, v, s) for t, v, s in todo if _finished(t, args.runs / t / v / f"seed{s}")]
+        rows = [{"task": t, "variant": v, "seed": s, "commands": [shlex.join(train_command(t, v, s, args.runs / t / v / f"seed{s}"))],
+                 **scores(t, args.runs / t / v / f"seed{s}")} for t, v, s in todo]
+    else:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(lambda job: run_one(*job, args.runs), todo))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for task in args.tasks:
+        mine = [r for r in rows if r["task"] == task]
+        if not mine:
+            continue
+        costs = {v: cost(task, args.runs / task / v / f"seed{min(r['seed'] for r in mine if r['variant'] == v)}")
+                 for v in {r["variant"] for r in mine}}
+        record = {"task": task, "epochs": EPOCHS[task], "machine": machine(),
+                  "command": "python benchmarks/long_range_tasks.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+                  "runs": mine, "costs": costs}
+        (args.out / f"{task}.json").write_text(json.dumps(record, indent=1) + "\n")
+        table = markdown(task, mine, costs)
+        (args.out / f"{task}.md").write_text(
+            f"# {task}: the offline job at {EPOCHS[task]} epochs, per variant (mean ± sd over seeds)\n\n{table}\n\n"
+            f"Machine: {record['machine']['cpu']}, {record['machine']['cores']} cores, torch "
+            f"{record['machine']['torch']}, one thread per run. Command: `{record['command']}`; each run's "
+            f"command line is in {task}.json.\n")
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

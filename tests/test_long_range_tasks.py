@@ -1,0 +1,142 @@
+"""The long-range design as every task's backbone: ``--long-range``, weightformer_long_range_small and the
+WF-DiT long-range variants."""
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import weightformer  # noqa: F401  (registers the models)
+from weightformer.engine.errors import ConfigError
+from weightformer.engine.loop import prepare_config
+from weightformer.generation.model import WeightFormerDiT
+from weightformer.generation.variants import DIT_VARIANTS, LONG_RANGE_VARIANTS, create_dit
+from weightformer.layers import DynamicLinear
+from weightformer.layers.inference import eager_inference
+from weightformer.models import weightformer_long_range_small
+from weightformer.models.names import LONG_RANGE_DESIGNS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("task", "released", "kept"), [
+    ("classification", "weightformer_tiny", None),
+    ("detection", "weightformer_tiny", {"embed_dim": 64, "depth": 4, "conv_dim": 64}),
+    ("segmentation", "weightformer_tiny", {"embed_dim": 96, "depth": 4, "pyramid_channels": 64}),
+    ("generation", "wf_dit_s_4", {"hidden_size": 64, "depth": 6, "learn_sigma": False}),
+])
+def test_long_range_flag_takes_the_long_range_design_and_keeps_the_recipe(task, released, kept, tmp_path):
+    plain = prepare_config({"output": str(tmp_path / "a")}, task=task).cfg
+    long = prepare_config({"long_range": True, "output": str(tmp_path / "b")}, task=task).cfg
+    assert plain.model == released and not plain.long_range
+    expected = LONG_RANGE_VARIANTS.get(released) or LONG_RANGE_DESIGNS[released]
+    assert long.model == expected and long.long_range
+    assert long.model_kwargs == plain.model_kwargs  # the recipe's model settings, unchanged
+    if kept:
+        assert kept.items() <= long.model_kwargs.items()
+    # Naming the long-range model itself is the same choice: the recipe's settings are kept too.
+    named = prepare_config({"model": expected, "output": str(tmp_path / "c")}, task=task).cfg
+    assert named.model_kwargs == plain.model_kwargs
+
+
+def test_long_range_flag_refuses_a_model_without_one(tmp_path):
+    with pytest.raises(ConfigError, match="deit_tiny_patch16_224' has no long-range design.*weightformer_tiny"):
+        prepare_config({"long_range": True, "model": "deit_tiny_patch16_224", "output": str(tmp_path)},
+                       task="segmentation")
+    with pytest.raises(ConfigError, match="dit_s_4' has no long-range design.*wf_dit"):
+        prepare_config({"long_range": True, "model": "dit_s_4", "output": str(tmp_path)}, task="generation")
+    # Another architecture still drops the recipe's model settings (they were chosen for its model).
+    other = prepare_config({"model": "deit_tiny_patch16_224", "output": str(tmp_path)}, task="segmentation").cfg
+    assert "embed_dim" not in other.model_kwargs
+
+
+def test_every_long_range_name_is_a_model():
+    for released, long in LONG_RANGE_DESIGNS.items():
+        assert timm.is_model(released) and timm.is_model(long)
+    for released, long in LONG_RANGE_VARIANTS.items():
+        assert released in DIT_VARIANTS and long in DIT_VARIANTS
+
+
+def test_long_range_small_is_small_with_the_centered_predictor_everywhere():
+    with torch.device("meta"):
+        small = timm.create_model("weightformer_long_range_small")
+        released = timm.create_model("weightformer_small")
+    assert small.embed_dim == released.embed_dim == 384 and len(small.blocks) == len(released.blocks) == 17
+    assert all(isinstance(b.mlp.fc1, DynamicLinear) and b.mlp.fc1.predictor_name == "centered" for b in small.blocks)
+    assert sum(isinstance(b.mlp.fc1, DynamicLinear) for b in released.blocks) == 6
+    params = sum(p.numel() for p in small.parameters()) / 1e6
+    assert f"{params:.2f}M parameters" in weightformer_long_range_small.__doc__  # the docstring's cost is current
+    with pytest.raises(ValueError, match="no pretrained weights"):
+        timm.create_model("weightformer_long_range_small", pretrained=True)
+
+
+def _randomised(model: torch.nn.Module) -> torch.nn.Module:
+    """adaLN-Zero starts with zero gates and output: give every parameter a value so the blocks matter."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model.eval()
+
+
+def test_wf_dit_long_range_has_centered_dynamic_blocks_and_its_fast_path_is_exact():
+    model = create_dit("wf_dit_long_range_s_4", input_size=16, in_channels=1, hidden_size=32, depth=3,
+                       num_classes=4, learn_sigma=False)
+    assert all(b.dynamic and b.linear1.predictor_name == "centered" for b in model.blocks)
+    released = create_dit("wf_dit_s_4", input_size=16, in_channels=1, hidden_size=32, depth=3, num_classes=4)
+    assert [b.dynamic for b in released.blocks] == [False, True, False]
+    assert all(b.linear1.predictor_name == "bilateral" for b in released.blocks if b.dynamic)
+    _randomised(model)
+    x, t, y = torch.randn(2, 1, 16, 16), torch.tensor([3, 700]), torch.tensor([0, 2])
+    with torch.no_grad():
+        assert eager_inference() and all(b.can_run_in_place() for b in model.blocks)
+        fast = model(x, t, y)
+        # The plain block forward, one by one (what training runs), as the reference.
+        tokens = model.x_embedder(x) + model.pos_embed
+        c = model.t_embedder(t) + model.y_embedder(y, False)
+        for block in model.blocks:
+            tokens = block(tokens, c)
+        plain = model.unpatchify(model.final_layer(tokens, c))
+    assert fast.abs().mean() > 0.01
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_dit_refuses_weightformer_block_settings():
+    with pytest.raises(ValueError, match="attention DiT has none"):
+        WeightFormerDiT(input_size=8, hidden_size=32, depth=1, num_heads=2, mixer="attention",
+                        linear_predictor="centered")
+
+
+def _benchmark_module():
+    spec = importlib.util.spec_from_file_location("long_range_tasks", ROOT / "benchmarks" / "long_range_tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("task", ["det", "seg", "gen"])
+def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tmp_path):
+    """Each variant's command line, parsed by the CLI's own parser, gives the model the table names."""
+    from weightformer.engine.cli import build_parser, train_overrides
+    from weightformer.engine.registry import get_task
+
+    bench = _benchmark_module()
+    names = {"det": "detection", "seg": "segmentation", "gen": "generation"}
+    models = {}
+    for variant in bench.VARIANTS:
+        argv = bench.train_command(task, variant, 1, tmp_path / variant)
+        assert argv[:3] == ["weightformer", task, "train"]
+        owner = get_task(names[task])
+        args = build_parser(owner).parse_args(argv[2:])
+        cfg = prepare_config(train_overrides(args, owner), task=owner).cfg
+        assert cfg.seed == 1 and cfg.epochs == bench.EPOCHS[task], shlex.join(argv)
+        models[variant] = (cfg.model, cfg.model_kwargs)
+    width = "hidden_size" if task == "gen" else "embed_dim"
+    assert len({m[1][width] for m in models.values()}) == 1  # one width and depth for every variant
+    assert len({m[1]["depth"] for m in models.values()}) == 1
+    assert models["centered_released"][1]["linear_predictor"] == "centered"
+    assert "long_range" in models["long_range"][0]
+    assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
