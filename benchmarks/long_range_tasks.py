@@ -23,7 +23,7 @@ samples of ``weightformer gen sample`` (20 per class, DDIM 50 steps, cfg 4, seed
 ``weightformer gen eval`` (the judge's class accuracy and judge_fd). Costs, measured here after the runs
 on randomly initialised copies of each model, one thread: parameters, GMACs per image (the backbone's for
 det and seg, whose heads are the same for all variants; the whole denoiser for gen; attention's matmuls
-counted) and inference images per second (median of 7 timed calls after 2 warm-ups).
+counted) and inference images per second (batches of 8, median of 7 timed calls after 2 warm-ups).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ VARIANTS = ("released", "long_range", "centered_released", "attention")
 # so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
 EPOCHS = {"det": 8, "seg": 25, "gen": 6}
 HEAD_CHANNELS = 32  # the attention baselines' channels per head
+BATCH = 8  # images per timed inference call
 
 
 def _recipe_kwargs(task: str) -> dict[str, Any]:
@@ -172,15 +173,15 @@ def cost(task: str, run: Path) -> dict[str, Any]:
             module.fused_attn = False  # explicit QKᵀ and AV, which the counter sees
     size = int(meta.get("img_size") or _recipe_kwargs(task)["img_size"])
     if task == "gen":
-        channels = model.in_channels
-        x, t, y = torch.randn(1, channels, size, size), torch.tensor([500]), torch.tensor([0])
-        call, counted = (lambda: model(x, t, y)), (lambda: model(x, t, y))
+        x, t, y = torch.randn(BATCH, model.in_channels, size, size), torch.full((BATCH,), 500), torch.zeros(BATCH, dtype=torch.long)
+        call = lambda: model(x, t, y)  # noqa: E731
+        counted = lambda: model(x[:1], t[:1], y[:1])  # noqa: E731
     else:
-        images = torch.randn(1, 3, size, size)
+        images = torch.randn(BATCH, 3, size, size)
         backbone = model.backbone.backbone if task == "det" else model.backbone
         trunk = getattr(backbone, "backbone", backbone)
-        call = (lambda: model([images[0]])) if task == "det" else (lambda: model(images))
-        counted = lambda: trunk.forward_features(images)  # noqa: E731
+        call = (lambda: model(list(images))) if task == "det" else (lambda: model(images))
+        counted = lambda: trunk.forward_features(images[:1])  # noqa: E731
     counter = FlopCounterMode(display=False)
     with torch.inference_mode(), counter:
         counted()
@@ -192,7 +193,8 @@ def cost(task: str, run: Path) -> dict[str, Any]:
             if i >= 2:
                 times.append(time.perf_counter() - start)
     return {"params_M": sum(p.numel() for p in model.parameters()) / 1e6, "gmacs": counter.get_total_flops() / 2e9,
-            "img_per_s": 1 / statistics.median(times), "model": meta["model"]}
+            "img_per_s": BATCH / statistics.median(times), "model": meta["model"],
+            "model_kwargs": meta.get("model_kwargs", {})}
 
 
 def _mean_std(values: list[float]) -> str:
@@ -203,6 +205,11 @@ def _mean_std(values: list[float]) -> str:
 
 COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [("mIoU", "mIoU"), ("mAcc", "mAcc")],
            "gen": [("class_accuracy", "class-correct %"), ("judge_fd", "judge_fd (not FID)"), ("val_mse", "val ε-MSE")]}
+LEGEND = ("`released` the recipe's model; `long_range` the same command with `--long-range` (the `centered` "
+          "predictor in every block); `centered_released` `--model-kwargs linear_predictor=centered` (the "
+          "predictor at the released placement, one dynamic block in three); `attention` DeiT or DiT of the "
+          "same width and depth, 32 channels per head. Scores are the last epoch's; seeds column: the first "
+          "score per seed. Costs on freshly initialised models, one thread, after the runs.")
 COST_NAME = {"det": "backbone GMACs", "seg": "backbone GMACs", "gen": "GMACs"}
 
 
@@ -273,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         table = markdown(task, mine, costs)
         (args.out / f"{task}.md").write_text(
             f"# {task}: the offline job at {EPOCHS[task]} epochs, per variant (mean ± sd over seeds)\n\n{table}\n\n"
+            f"Variants: {LEGEND}\n\n"
             f"Machine: {record['machine']['cpu']}, {record['machine']['cores']} cores, torch "
             f"{record['machine']['torch']}, one thread per run. Command: `{record['command']}`; each run's "
             f"command line is in {task}.json.\n")

@@ -53,7 +53,7 @@ def test_every_trainable_parameter_in_exactly_one_group():
     ]
 
 
-@pytest.mark.parametrize("name", ["weightformer_tiny", "deit_tiny_patch16_224"])
+@pytest.mark.parametrize("name", ["weightformer_tiny", "weightformer_long_range_tiny", "deit_tiny_patch16_224"])
 def test_timm_scheduler_gives_each_block_its_decayed_rate_in_the_optimizer(name):
     model = detector(name)
     groups = layer_decay_param_groups(model, "backbone.backbone", weight_decay=0.0, layer_decay=DECAY)
