@@ -140,3 +140,31 @@ def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tm
     assert models["centered_released"][1]["linear_predictor"] == "centered"
     assert "long_range" in models["long_range"][0]
     assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
+
+
+@pytest.mark.parametrize("protocol", ["vitdet", "torchvision"])
+def test_long_range_backbone_in_each_detection_protocol(protocol):
+    from weightformer.detection.model import build_maskrcnn
+
+    torch.manual_seed(0)
+    model = build_maskrcnn("weightformer_long_range_tiny", num_classes=3, min_size=64, max_size=64, protocol=protocol,
+                           conv_dim=16, fc_dim=32, embed_dim=32, depth=2).eval()
+    trunk = model.backbone.backbone
+    assert all(b.mlp.fc1.predictor_name == "centered" for b in trunk.blocks)
+    with torch.no_grad():
+        (out,) = model([torch.rand(3, 64, 64)])
+    assert set(out) >= {"boxes", "labels", "scores", "masks"}
+
+
+@pytest.mark.parametrize("protocol", ["vim", "simple-pyramid"])
+def test_long_range_backbone_in_each_segmentation_protocol(protocol):
+    from weightformer.segmentation.model import build_upernet
+
+    torch.manual_seed(0)
+    width = {"pyramid_channels": 16} if protocol == "simple-pyramid" else {}
+    model = build_upernet("weightformer_long_range_tiny", num_classes=4, protocol=protocol, channels=16,
+                          aux_channels=8, embed_dim=32, depth=4, **width).eval()
+    with torch.no_grad():
+        logits = model(torch.rand(1, 3, 64, 64))
+    logits = logits["out"] if isinstance(logits, dict) else logits
+    assert logits.shape == (1, 4, 64, 64) and torch.isfinite(logits).all()
