@@ -93,8 +93,9 @@ def _run(args: argparse.Namespace) -> int:
         command = shlex.join(["weightformer", "export", *sys.argv[2:]]) if sys.argv[1:2] == ["export"] else None
         to_hf(model, out, meta, run_summary(loaded), command=command, repo_id=args.push_to_hub,
               overwrite=args.overwrite)
-        print(f"wrote {out}/ (config.json, model.safetensors, README.md); load it with "
-              f"timm.create_model('local-dir:{out}', pretrained=True)")
+        print(f"wrote {out}/ (config.json, model.safetensors, README.md); load it, after import weightformer, with "
+              f"timm.create_model('local-dir:{out}', pretrained=True) or transformers' "
+              f"AutoModelForImageClassification.from_pretrained('{out}')")
         if args.push_to_hub:
             url = push_to_hub(out, args.push_to_hub, private=args.private)
             print(f"uploaded to https://huggingface.co/{args.push_to_hub} ({url})")

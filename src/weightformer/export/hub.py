@@ -4,10 +4,18 @@ pretrained_cfg with the preprocessing), ``model.safetensors`` and a model card, 
 timm writes the first two (:func:`timm.models.save_for_hf`); a folder made here loads with
 ``timm.create_model("local-dir:FOLDER", pretrained=True)``, and once uploaded with
 ``timm.create_model("hf-hub:ORG/NAME", pretrained=True)`` (after ``import weightformer``).
+
+It loads in transformers too, through its timm wrapper: ``AutoModelForImageClassification`` and
+``AutoImageProcessor.from_pretrained(FOLDER or ORG/NAME)``, after ``import weightformer`` (the wrapper
+builds the model with ``timm.create_model(architecture, num_classes=..., **model_args)``, and the
+WeightFormer architectures exist in timm's registry only once this package is imported). For that,
+config.json carries the class count at its root only (see :func:`_loadable_by_transformers`) and
+the class names at its root, where transformers reads its ``id2label``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,7 +73,12 @@ def model_card(name: str, model: nn.Module, meta: Mapping[str, Any], run: Mappin
     usage = ("```python\nimport timm\nimport weightformer  # registers the WeightFormer architectures with timm\n\n"
              f"model = timm.create_model(\"{'hf-hub:' + repo_id if repo_id else 'local-dir:' + name}\", "
              "pretrained=True).eval()\n"
-             "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n```\n")
+             "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n```\n\n"
+             "With transformers (its timm wrapper):\n\n"
+             "```python\nimport weightformer  # first: transformers builds the model with timm.create_model\n"
+             "from transformers import AutoImageProcessor, AutoModelForImageClassification\n\n"
+             f"processor = AutoImageProcessor.from_pretrained(\"{repo_id or name}\")\n"
+             f"model = AutoModelForImageClassification.from_pretrained(\"{repo_id or name}\").eval()\n```\n")
     card = {"details": details, "usage": usage, "license": cfg.get("license", "mit"),
             "tags": ["image-classification", "timm", "weightformer"],
             "description": f"A `{meta['model']}` classifier exported by weightformer in timm's Hub layout."}
@@ -86,15 +99,35 @@ def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | Non
     directory = Path(directory)
     meta = dict(meta or {"model": model.pretrained_cfg["architecture"], "in_chans": getattr(model, "in_chans", 3)})
     model_config: dict[str, Any] = {}
-    if meta.get("classes"):
-        model_config["label_names"] = list(meta["classes"])
+    label_names = meta.get("classes")
+    if not label_names and model.pretrained_cfg.get("num_classes") == model.num_classes:
+        # a model timm loaded from a Hub folder keeps them in its pretrained_cfg, where timm writes
+        # them back; transformers reads them at config.json's root only
+        label_names = model.pretrained_cfg.get("label_names")
+    if label_names:
+        model_config["label_names"] = label_names if isinstance(label_names, dict) else list(label_names)
     if meta.get("data"):
         model_config["pretrained_cfg"] = {"tag": str(meta["data"]).replace("/", "_")}
     with output_folder(directory, overwrite) as tmp:
         save_for_hf(model, str(tmp), model_config=model_config, safe_serialization=True, data_config=_data_config(meta))
+        _loadable_by_transformers(tmp / "config.json")
         name = repo_id.split("/")[-1] if repo_id else directory.name
         (tmp / "README.md").write_text(model_card(name, model, meta, run, command, repo_id), encoding="utf-8")
     return directory
+
+
+def _loadable_by_transformers(config_file: Path) -> None:
+    """Drop ``num_classes`` from the ``model_args`` of a config.json that timm wrote.
+
+    timm records it there and at the root; transformers' timm wrapper calls
+    ``timm.create_model(architecture, num_classes=<root num_classes, or 0 for AutoModel>, **model_args)``,
+    so a second ``num_classes`` in ``model_args`` stopped it with "got multiple values for keyword
+    argument 'num_classes'" (transformers 5.24 with timm 1.0.31, any timm model). timm itself builds
+    the same model without it: its loader takes the root ``num_classes``.
+    """
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config.get("model_args", {}).pop("num_classes", None)
+    config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")  # indent as timm writes it
 
 
 def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, token: str | None = None,
