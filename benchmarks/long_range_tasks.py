@@ -1,5 +1,5 @@
 """The long-range design in every task: detection's, segmentation's and generation's offline jobs with the
-released backbone, the long-range design, ``centered`` at the released placement and the attention
+released backbone, the long-range design, its predictor at the released placement and the attention
 baseline, at one budget and several seeds; then a table of scores and costs.
 
     python benchmarks/long_range_tasks.py                    # every run not done yet, then the tables
@@ -12,9 +12,10 @@ table's JSON, with OMP_NUM_THREADS=1, into ``--runs``/<task>/<variant>/seed<N>/.
 a finished ``last.pt`` is not run again. Variants:
 
 - ``released``: the recipe's model (``weightformer_tiny`` / ``wf_dit_s_4`` at the recipe's size);
-- ``long_range``: the same command with ``--long-range`` (every block dynamic, ``centered`` predictor);
-- ``centered_released``: ``--model-kwargs linear_predictor=centered``: the predictor at the released
-  placement (blocks 1, 4, 7, ... dynamic), so placement and predictor can be told apart;
+- ``long_range``: the same command with ``--long-range`` (every block dynamic, the long-range predictor);
+- ``released_placement``: ``--model-kwargs linear_predictor=P`` with P the long-range design's predictor
+  (``LONG_RANGE_ARGS``): the predictor at the released placement (blocks 1, 4, 7, ... dynamic), so
+  placement and predictor can be told apart;
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels, the
   recipe's other model settings.
 
@@ -43,7 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "long_range"
-VARIANTS = ("released", "long_range", "centered_released", "attention")
+VARIANTS = ("released", "long_range", "released_placement", "attention")
 # The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
 # so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
 EPOCHS = {"det": 8, "seg": 25, "gen": 6}
@@ -74,8 +75,9 @@ def variant_flags(task: str, variant: str) -> list[str]:
         return []
     if variant == "long_range":
         return ["--long-range"]
-    if variant == "centered_released":
-        return ["--model-kwargs", "linear_predictor=centered"]
+    if variant == "released_placement":
+        from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
+        return ["--model-kwargs", f"linear_predictor={LONG_RANGE_ARGS['linear_predictor']}"]
     recipe = _recipe_kwargs(task)
     kwargs = recipe["model_kwargs"]
     if task == "gen":
@@ -205,8 +207,8 @@ def _mean_std(values: list[float]) -> str:
 
 COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [("mIoU", "mIoU"), ("mAcc", "mAcc")],
            "gen": [("class_accuracy", "class-correct %"), ("judge_fd", "judge_fd (not FID)"), ("val_mse", "val ε-MSE")]}
-LEGEND = ("`released` the recipe's model; `long_range` the same command with `--long-range` (the `centered` "
-          "predictor in every block); `centered_released` `--model-kwargs linear_predictor=centered` (the "
+LEGEND = ("`released` the recipe's model; `long_range` the same command with `--long-range` (the long-range "
+          "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
           "predictor at the released placement, one dynamic block in three); `attention` DeiT or DiT of the "
           "same width and depth, 32 channels per head. Scores are the last epoch's; seeds column: the first "
           "score per seed. Costs on freshly initialised models, one thread, after the runs.")

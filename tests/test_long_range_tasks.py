@@ -137,7 +137,9 @@ def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tm
     width = "hidden_size" if task == "gen" else "embed_dim"
     assert len({m[1][width] for m in models.values()}) == 1  # one width and depth for every variant
     assert len({m[1]["depth"] for m in models.values()}) == 1
-    assert models["centered_released"][1]["linear_predictor"] == "centered"
+    from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
+
+    assert models["released_placement"][1]["linear_predictor"] == LONG_RANGE_ARGS["linear_predictor"]
     assert "long_range" in models["long_range"][0]
     assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
 
