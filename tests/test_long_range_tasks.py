@@ -18,6 +18,7 @@ from weightformer.layers import DynamicLinear
 from weightformer.layers.inference import eager_inference
 from weightformer.models import weightformer_long_range_small
 from weightformer.models.names import LONG_RANGE_DESIGNS
+from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,12 +61,13 @@ def test_every_long_range_name_is_a_model():
         assert released in DIT_VARIANTS and long in DIT_VARIANTS
 
 
-def test_long_range_small_is_small_with_the_centered_predictor_everywhere():
+def test_long_range_small_is_small_with_the_long_range_predictor_everywhere():
     with torch.device("meta"):
         small = timm.create_model("weightformer_long_range_small")
         released = timm.create_model("weightformer_small")
     assert small.embed_dim == released.embed_dim == 384 and len(small.blocks) == len(released.blocks) == 17
-    assert all(isinstance(b.mlp.fc1, DynamicLinear) and b.mlp.fc1.predictor_name == "centered" for b in small.blocks)
+    predictor = LONG_RANGE_ARGS["linear_predictor"]
+    assert all(isinstance(b.mlp.fc1, DynamicLinear) and b.mlp.fc1.predictor_name == predictor for b in small.blocks)
     assert sum(isinstance(b.mlp.fc1, DynamicLinear) for b in released.blocks) == 6
     params = sum(p.numel() for p in small.parameters()) / 1e6
     assert f"{params:.2f}M parameters" in weightformer_long_range_small.__doc__  # the docstring's cost is current
@@ -82,10 +84,10 @@ def _randomised(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-def test_wf_dit_long_range_has_centered_dynamic_blocks_and_its_fast_path_is_exact():
+def test_wf_dit_long_range_has_long_range_dynamic_blocks_and_its_fast_path_is_exact():
     model = create_dit("wf_dit_long_range_s_4", input_size=16, in_channels=1, hidden_size=32, depth=3,
                        num_classes=4, learn_sigma=False)
-    assert all(b.dynamic and b.linear1.predictor_name == "centered" for b in model.blocks)
+    assert all(b.dynamic and b.linear1.predictor_name == LONG_RANGE_ARGS["linear_predictor"] for b in model.blocks)
     released = create_dit("wf_dit_s_4", input_size=16, in_channels=1, hidden_size=32, depth=3, num_classes=4)
     assert [b.dynamic for b in released.blocks] == [False, True, False]
     assert all(b.linear1.predictor_name == "bilateral" for b in released.blocks if b.dynamic)
@@ -137,8 +139,6 @@ def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tm
     width = "hidden_size" if task == "gen" else "embed_dim"
     assert len({m[1][width] for m in models.values()}) == 1  # one width and depth for every variant
     assert len({m[1]["depth"] for m in models.values()}) == 1
-    from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
-
     assert models["released_placement"][1]["linear_predictor"] == LONG_RANGE_ARGS["linear_predictor"]
     assert "long_range" in models["long_range"][0]
     assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
@@ -152,7 +152,7 @@ def test_long_range_backbone_in_each_detection_protocol(protocol):
     model = build_maskrcnn("weightformer_long_range_tiny", num_classes=3, min_size=64, max_size=64, protocol=protocol,
                            conv_dim=16, fc_dim=32, embed_dim=32, depth=2).eval()
     trunk = model.backbone.backbone
-    assert all(b.mlp.fc1.predictor_name == "centered" for b in trunk.blocks)
+    assert all(b.mlp.fc1.predictor_name == LONG_RANGE_ARGS["linear_predictor"] for b in trunk.blocks)
     with torch.no_grad():
         (out,) = model([torch.rand(3, 64, 64)])
     assert set(out) >= {"boxes", "labels", "scores", "masks"}
