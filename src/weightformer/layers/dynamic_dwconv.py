@@ -121,6 +121,10 @@ class GapKernelPredictor(nn.Module):
         self.fc1 = nn.Linear(dim, dim, device=device, dtype=dtype)
         self.act = nn.GELU()
         self.bank = nn.Parameter(torch.empty(dim, kernel_size, kernel_size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The kernel bank U: truncated normal, std 0.02 (fc1 is a plain ``nn.Linear``)."""
         trunc_normal_(self.bank, std=0.02)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)

@@ -38,6 +38,10 @@ class DynamicWeightLayer(nn.Module):
         self.bias = nn.Parameter(torch.empty(bias_size, device=device, dtype=dtype))
         self.predictor = predictors[predictor](*predictor_args, device=device, dtype=dtype)
         self.use_reference = False
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The static weight and bias as in the release: truncated normal, std 0.02 (the predictor has its own)."""
         trunc_normal_(self.weight, std=0.02)
         trunc_normal_(self.bias, std=0.02)
 

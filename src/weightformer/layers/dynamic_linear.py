@@ -103,9 +103,12 @@ class _LowRankPredictor(nn.Module):
         self.proj = nn.Linear(in_features, self.in_rank + self.out_rank, **dd)
         self.in_basis = nn.Parameter(torch.empty(self.in_rank, in_features, **dd))
         self.out_basis = nn.Parameter(torch.empty(self.out_rank, out_features, **dd))
-        self.reset_parameters()
+        # This class's own values only: a subclass's override may reset modules that it has not built yet.
+        _LowRankPredictor.reset_parameters(self)
 
     def reset_parameters(self) -> None:
+        """W_p, U_in and U_out as in the release: truncated normal (std 0.02), zero bias. A subclass that adds
+        parameters calls this and then sets its own, in its ``__init__`` as well."""
         trunc_normal_(self.proj.weight, std=0.02)
         nn.init.zeros_(self.proj.bias)
         trunc_normal_(self.in_basis, std=0.02)
@@ -172,8 +175,16 @@ class DeepPredictor(_LowRankPredictor):
     def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
         super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
         self.hidden = nn.Linear(in_features, in_features, device=device, dtype=dtype)
+        self._reset_hidden()
+
+    def _reset_hidden(self) -> None:
         trunc_normal_(self.hidden.weight, std=0.02)
         nn.init.zeros_(self.hidden.bias)
+
+    def reset_parameters(self) -> None:
+        """W_p, U_in, U_out as the release, then the hidden layer W_h (truncated normal 0.02, zero bias)."""
+        super().reset_parameters()
+        self._reset_hidden()
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         num_tokens = x.shape[1] * x.shape[2]

@@ -9,24 +9,31 @@ blocks 1, 4, 7, ...). Tokens stay on their grid, (B, H, W, C), from the patch em
 """
 
 
+from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, PatchEmbed, nchw_to, trunc_normal_
+from timm.layers import DropPath, PatchEmbed, nchw_to, to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
-from timm.models._manipulate import checkpoint
+from timm.models._input import update_model_input_size
+from timm.models._manipulate import checkpoint, named_apply, reinit_non_persistent_buffers
+from timm.models.vision_transformer import global_pool_nlc, init_weights_vit_timm
 
 from ..checkpoint import release_pickle_globals, strip_wrapper_prefixes
 from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
-__all__ = ["WeightFormer", "Block", "checkpoint_filter_fn", "is_dynamic_block"]
+__all__ = ["GLOBAL_POOLS", "WeightFormer", "Block", "checkpoint_filter_fn", "is_dynamic_block"]
+
+# timm's global pools for a grid of tokens without a class token (``global_pool_nlc``); "" keeps the grid.
+GLOBAL_POOLS = ("avg", "max", "avgmax", "")
 
 # The dynamic layers read the token grid from their input's shape, which fx cannot trace through.
 register_notrace_module(DynamicLinear)
@@ -67,6 +74,42 @@ def whole_patches(x: Tensor, patch_size: int) -> Tensor:
     """
     H, W = x.shape[-2], x.shape[-1]
     return x[:, :, : H - H % patch_size, : W - W % patch_size]
+
+
+@register_notrace_function
+def pad_to_whole_patches(x: Tensor, patch_size: int) -> Tensor:
+    """Zero-pad (B, C, H, W) at the bottom and right to (B, C, ⌈H/p⌉·p, ⌈W/p⌉·p), p = ``patch_size``, as
+    timm's ``PatchEmbed(dynamic_img_pad=True)`` does: the last partial patch is kept instead of dropped."""
+    H, W = x.shape[-2], x.shape[-1]
+    return F.pad(x, (0, (patch_size - W % patch_size) % patch_size, 0, (patch_size - H % patch_size) % patch_size))
+
+
+def check_global_pool(global_pool: str) -> None:
+    """Raise ``ValueError`` unless ``global_pool`` is one of :data:`GLOBAL_POOLS`."""
+    if global_pool in GLOBAL_POOLS:
+        return
+    if global_pool == "token":
+        raise ValueError("global_pool='token' needs a class token, and these models have none; "
+                         f"use one of {GLOBAL_POOLS} ('' keeps the token grid)")
+    raise ValueError(f"global_pool must be one of {GLOBAL_POOLS} ('' keeps the token grid), got {global_pool!r}")
+
+
+@contextmanager
+def rewound_rng(device: Optional[Union[str, torch.device]]) -> Iterator[None]:
+    """Put the random generator that initialises tensors on ``device`` (the default device if None) back
+    where it was when the block started.
+
+    The models build their modules inside it and then draw every value once more, in a fixed order, with
+    ``init_weights()``: a model built directly then holds exactly the values of one built on the meta
+    device and materialised with ``to_empty()`` + ``init_weights()`` from the same generator state.
+    """
+    where = torch.empty(0, device=device).device  # resolves None to the default device (torch.device contexts too)
+    if where.type == "meta":  # nothing is drawn on the meta device
+        yield
+        return
+    accelerators = [] if where.type == "cpu" else [where.index]  # a tensor's device has its index
+    with torch.random.fork_rng(devices=accelerators, device_type="cuda" if where.type == "cpu" else where.type):
+        yield
 
 
 class WholePatchEmbed(PatchEmbed):
@@ -267,12 +310,20 @@ class WeightFormer(nn.Module):
         drop_path_rate: float = 0.0,
         norm_layer: Optional[Callable[..., nn.Module]] = None,
         act_layer: Optional[Callable[..., nn.Module]] = None,
+        dynamic_img_size: bool = True,
+        dynamic_img_pad: bool = False,
         device=None,
         dtype=None,
     ):
+        """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` and ``dynamic_img_pad`` are timm's
+        ViT arguments: without a position embedding the model always takes any image size (``True``, the only
+        value accepted); ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the
+        pixels past the last whole patch (the release's behaviour, the default)."""
         super().__init__()
-        if global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool must be 'avg' or '' (no pooling), got {global_pool!r}")
+        check_global_pool(global_pool)
+        if dynamic_img_size is not True:
+            raise ValueError("dynamic_img_size must be True: WeightFormer has no position embedding, so it "
+                             "always runs at any image size and has no fixed-size mode")
         for name, value in (("embed_dim", embed_dim), ("depth", depth), ("patch_size", patch_size), ("in_chans", in_chans)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -291,46 +342,58 @@ class WeightFormer(nn.Module):
         self.dynamic_period = dynamic_period
         self.output_fmt = "NHWC"
         self.grad_checkpointing = False
-
-        # Any image size; forward_features first drops the pixels past the last whole patch (see
-        # whole_patches), so the patch embedding only checks that the sides are multiples of the patch.
-        self.patch_embed = WholePatchEmbed(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            output_fmt="NHWC",
-            strict_img_size=False,
-            **dd,
-        )
-        self.norm_pre = norm_layer(embed_dim, **dd)
-        drop_path_rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
-        self.blocks = nn.Sequential(
-            *[
-                Block(
-                    embed_dim,
-                    mlp_ratio=mlp_ratio,
-                    dynamic=is_dynamic_block(i, dynamic_period),
-                    proj_drop=proj_drop_rate,
-                    drop_path=drop_path_rates[i],
-                    dwc_kernel_size=dwc_kernel_size,
-                    linear_predictor=linear_predictor,
-                    dwc_predictor=dwc_predictor,
-                    predictor_reduction=predictor_reduction,
-                    norm_layer=norm_layer,
-                    act_layer=act_layer,
-                    **dd,
-                )
-                for i in range(depth)
-            ]
-        )
+        self.dynamic_img_pad = dynamic_img_pad
+        # The modules initialise themselves as they are built; init_weights() then draws every value again
+        # from the generator state the build started at (see rewound_rng).
+        with rewound_rng(device):
+            # Any image size; forward_features first drops the pixels past the last whole patch (whole_patches)
+            # or pads to whole patches, so the patch embedding only checks that the sides are multiples of the patch.
+            self.patch_embed = WholePatchEmbed(
+                img_size=img_size,
+                patch_size=patch_size,
+                in_chans=in_chans,
+                embed_dim=embed_dim,
+                output_fmt="NHWC",
+                strict_img_size=False,
+                **dd,
+            )
+            self.norm_pre = norm_layer(embed_dim, **dd)
+            drop_path_rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
+            self.blocks = nn.Sequential(
+                *[
+                    Block(
+                        embed_dim,
+                        mlp_ratio=mlp_ratio,
+                        dynamic=is_dynamic_block(i, dynamic_period),
+                        proj_drop=proj_drop_rate,
+                        drop_path=drop_path_rates[i],
+                        dwc_kernel_size=dwc_kernel_size,
+                        linear_predictor=linear_predictor,
+                        dwc_predictor=dwc_predictor,
+                        predictor_reduction=predictor_reduction,
+                        norm_layer=norm_layer,
+                        act_layer=act_layer,
+                        **dd,
+                    )
+                    for i in range(depth)
+                ]
+            )
+            self.norm = norm_layer(embed_dim, **dd)
+            self.head_drop = nn.Dropout(drop_rate)
+            self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.feature_info = [
             dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)
         ]
-        self.norm = norm_layer(embed_dim, **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
-        self.apply(_init_weights)
+        self.init_weights()
+
+    def init_weights(self, needs_reset: bool = True) -> None:
+        """(Re)initialise every parameter and non-persistent buffer, as timm's newest models do (ViT's
+        ``init_weights``): after ``to_empty()`` this makes a meta-built model whole. Truncated-normal (0.02)
+        linears, and ``reset_parameters()`` on every other module that has one (LayerNorms, convs, the dynamic
+        layers and their predictors), in module order with each module's children before it (timm's
+        ``named_apply``). ``needs_reset=False`` leaves the modules with a ``reset_parameters()`` as they are."""
+        named_apply(partial(init_weights_vit_timm, needs_reset=needs_reset), self)
+        reinit_non_persistent_buffers(self)
 
     # ---------------------------------------------------------------------------------------------
     # timm model API
@@ -353,11 +416,10 @@ class WeightFormer(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        self.num_classes = num_classes
         if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            check_global_pool(global_pool)
             self.global_pool = global_pool
+        self.num_classes = num_classes
         ref = self.norm_pre.weight
         self.head = (
             nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
@@ -378,12 +440,48 @@ class WeightFormer(nn.Module):
             elif isinstance(module, Mlp):
                 module.fuse_act_fc2 = name == "fast"
 
+    @torch.jit.ignore
+    def set_input_size(
+        self,
+        img_size: Optional[Union[int, Tuple[int, int]]] = None,
+        patch_size: Optional[Union[int, Tuple[int, int]]] = None,
+    ) -> None:
+        """Change the nominal image size and/or the patch size, as timm's ViT ``set_input_size`` does.
+
+        The model runs at any size anyway; ``img_size`` updates the patch embedding's ``img_size``,
+        ``grid_size`` and ``num_patches`` and timm's record of the model's nominal size and arguments
+        (``timm.models.get_model_input_config``, and the arguments timm's Hub export rebuilds the model
+        with). The source checkpoint's ``pretrained_cfg``, and so the preprocessing timm resolves for a
+        model of flexible size, is left as it is. ``patch_size`` (square) resamples the patch projection
+        to the new patch (timm's ``resample_patch_embed``, FlexiViT-style) and updates the
+        ``feature_info`` reductions.
+        """
+        if patch_size is not None:
+            side = to_2tuple(patch_size)
+            if side[0] != side[1] or not isinstance(side[0], int) or side[0] < 1:
+                raise ValueError(f"patch_size must be a positive integer (square patches), got {patch_size!r}")
+            patch_size = side[0]
+        self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+        if patch_size is not None:
+            self.patch_size = patch_size
+            for info in self.feature_info:
+                info["reduction"] = patch_size
+        update_model_input_size(self, self.patch_embed.img_size, patch_size=patch_size)
+
     # ---------------------------------------------------------------------------------------------
     # forward
     # ---------------------------------------------------------------------------------------------
+    def _embed(self, x: Tensor) -> Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C), H = ⌊H_img/p⌋ (⌈⌉ padded)
+        if self.dynamic_img_pad:
+            check_image_batch(x, self.in_chans, 1)
+            x = pad_to_whole_patches(x, self.patch_size)
+        else:
+            check_image_batch(x, self.in_chans, self.patch_size)
+            x = whole_patches(x, self.patch_size)
+        return self.norm_pre(self.patch_embed(x))
+
     def forward_features(self, x: Tensor) -> Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C)
-        check_image_batch(x, self.in_chans, self.patch_size)
-        x = self.norm_pre(self.patch_embed(whole_patches(x, self.patch_size)))  # (B, H // p, W // p, C)
+        x = self._embed(x)
         for blk in self.blocks:
             if self.grad_checkpointing and not torch.jit.is_scripting():
                 x = checkpoint(blk, x)
@@ -392,8 +490,10 @@ class WeightFormer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:  # (B, H, W, C) -> (B, classes)
-        if self.global_pool == "avg":
+        if self.global_pool == "avg":  # what global_pool_nlc does, without its flatten and slice (5 µs a call)
             x = x.mean(dim=(1, 2))  # (B, C)
+        elif self.global_pool:
+            x = global_pool_nlc(x.flatten(1, 2), self.global_pool, num_prefix_tokens=0)  # (B, H·W, C) -> (B, C)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
@@ -421,8 +521,7 @@ class WeightFormer(nn.Module):
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        check_image_batch(x, self.in_chans, self.patch_size)
-        x = self.norm_pre(self.patch_embed(whole_patches(x, self.patch_size)))
+        x = self._embed(x)
         blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[: max_index + 1]
         intermediates = []
         for i, blk in enumerate(blocks):
@@ -451,17 +550,6 @@ class WeightFormer(nn.Module):
         if prune_head:
             self.reset_classifier(0, "")
         return take_indices
-
-
-def _init_weights(module: nn.Module) -> None:
-    """Initialisation of the release: truncated-normal(0.02) linears, unit LayerNorms, default convs."""
-    if isinstance(module, nn.Linear):
-        trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 # -------------------------------------------------------------------------------------------------
