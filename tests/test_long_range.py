@@ -1,4 +1,4 @@
-"""The long-range predictors (score_pool, centered, score_gap) and the models registered on them."""
+"""The long-range predictors (score_pool, centered, double_centered, score_gap) and the models registered on them."""
 
 import pytest
 import timm
@@ -16,6 +16,7 @@ from weightformer.layers import (
 from weightformer.layers.long_range_predictors import (
     BilateralUnitPredictor,
     CenteredPredictor,
+    DoubleCenteredPredictor,
     ScorePoolKernelPredictor,
     ScorePoolPredictor,
 )
@@ -83,6 +84,35 @@ def test_centered_is_the_covariance_of_the_activated_projections():
     assert predictor(x[:, :1, :1].expand(3, 4, 4, 32)).abs().max() < 1e-7
 
 
+def test_double_centered_is_the_covariance_of_the_two_way_residuals():
+    """Against centring matrices J_n = I - 11ᵀ/n applied to the pooled grid's rows and columns."""
+    predictor = DoubleCenteredPredictor(32, 32)
+    _randomise(predictor)
+    x = torch.randn(3, 6, 8, 32)  # pools to a 3x4 grid
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2)  # (B, C, 3, 4)
+    p = F.silu(torch.einsum("oc,bchw->bohw", predictor.proj.weight, pooled) + predictor.proj.bias[:, None, None])
+    J3, J4 = torch.eye(3) - 1 / 3, torch.eye(4) - 1 / 4
+    residual = torch.einsum("hk,bokl,wl->bohw", J3, p, J4).flatten(2)  # (B, 16, 12)
+    core = torch.einsum("bit,bjt->bij", residual[:, :8], residual[:, 8:])
+    torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
+
+
+def test_double_centered_ignores_what_varies_only_along_rows_or_columns():
+    """A grid whose tokens depend on the row alone (or the column alone), like the border of a zero-padded conv
+    along one edge over a uniform background: no update, where ``centered`` predicts one."""
+    torch.manual_seed(0)
+    by_row = torch.randn(2, 8, 1, 32).expand(2, 8, 8, 32)
+    by_col = torch.randn(2, 1, 8, 32).expand(2, 8, 8, 32)
+    double, plain = DoubleCenteredPredictor(32, 64), CenteredPredictor(32, 64)
+    plain.load_state_dict(double.state_dict())
+    for x in (by_row, by_col):
+        assert double(x).abs().max() < 1e-6
+        assert plain(x).abs().max() > 1e-3
+    one_token = torch.zeros(2, 8, 8, 32)
+    one_token[:, 4:6, 2:4] = torch.randn(2, 1, 1, 32)  # one pooled token differs: an update again
+    assert double(one_token).abs().max() > 1e-3
+
+
 def test_score_gap_pools_each_channel_with_its_own_softmax():
     predictor = ScorePoolKernelPredictor(8, 3)
     _randomise(predictor)
@@ -99,7 +129,8 @@ def test_new_names_are_in_the_registries_and_layers_build_with_them():
     assert LINEAR_PREDICTORS["bilateral_unit"] is BilateralUnitPredictor
     assert DWCONV_PREDICTORS["score_gap"] is ScorePoolKernelPredictor
     x = torch.randn(2, 5, 3, 32)  # odd grid side
-    for name in ("score_pool", "centered", "bilateral_unit"):
+    assert LINEAR_PREDICTORS["double_centered"] is DoubleCenteredPredictor
+    for name in ("score_pool", "centered", "double_centered", "bilateral_unit"):
         assert DynamicLinear(32, 128, predictor=name)(x).shape == (2, 5, 3, 128)
     assert DynamicDWConv(32, 5, predictor="score_gap")(x.permute(0, 3, 1, 2)).shape == (2, 32, 5, 3)
 
@@ -112,7 +143,7 @@ def _predictor_flops(predictor: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("predictor", [ScorePoolPredictor(32, 128), CenteredPredictor(32, 128),
-                                       BilateralUnitPredictor(32, 128)])
+                                       DoubleCenteredPredictor(32, 128), BilateralUnitPredictor(32, 128)])
 def test_linear_predictor_cost_grows_linearly_with_the_token_count(predictor):
     flops = [_predictor_flops(predictor, torch.randn(1, side, side, 32)) for side in (8, 16, 32)]
     # the N-independent lift is the same at every size; the rest must grow 4x per doubling of the side, not 16x
@@ -129,10 +160,10 @@ def test_gradients_reach_every_new_predictor_parameter():
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-def test_long_range_model_name_uses_centered_and_the_default_is_unchanged():
+def test_long_range_model_name_uses_double_centered_and_the_default_is_unchanged():
     long_range = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=2)
     released = timm.create_model("weightformer_tiny", img_size=32, num_classes=2)
-    assert all(block.mlp.fc1.predictor_name == "centered" for block in long_range.blocks)  # every block dynamic
+    assert all(block.mlp.fc1.predictor_name == "double_centered" for block in long_range.blocks)  # every block dynamic
     assert released.blocks[1].mlp.fc1.predictor_name == "bilateral"
     assert released.blocks[1].dwc.predictor_name == "adaptive" and not released.blocks[0].dynamic
     assert long_range(torch.randn(1, 3, 32, 32)).shape == (1, 2)
@@ -140,10 +171,12 @@ def test_long_range_model_name_uses_centered_and_the_default_is_unchanged():
         timm.create_model("weightformer_long_range_tiny", pretrained=True)
 
 
-def test_centered_has_finite_gradients_when_one_token_is_pooled():
-    """A 3x3 grid pools to one token: the centred core is exactly 0 and its gradient must stay finite."""
-    layer = DynamicLinear(32, 64, predictor="centered")
-    x = torch.randn(2, 3, 3, 32, requires_grad=True)
+@pytest.mark.parametrize("predictor, grid", [("centered", (3, 3)), ("double_centered", (3, 3)), ("double_centered", (2, 9))])
+def test_centered_has_finite_gradients_when_its_core_is_zero(predictor, grid):
+    """A 3x3 grid pools to one token, a 2x9 grid to one row: the centred core is exactly 0 and its gradient must
+    stay finite."""
+    layer = DynamicLinear(32, 64, predictor=predictor)
+    x = torch.randn(2, *grid, 32, requires_grad=True)
     layer(x).square().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
     assert torch.isfinite(x.grad).all()

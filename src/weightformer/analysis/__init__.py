@@ -1,2 +1,3 @@
-"""Tools that test the paper's claims: effective receptive fields (:mod:`.erf`) and the ablation runner
-(:mod:`.ablate`)."""
+"""Tools that test the paper's claims: effective receptive fields (:mod:`.erf`), the ablation runner
+(:mod:`.ablate`), the predicted updates (:mod:`.dynamics`), edge interaction (:mod:`.interaction`) and
+the resolution transfer of probe classifiers (:mod:`.transfer`)."""

@@ -1,8 +1,9 @@
 """``weightformer analyze erf``: effective receptive fields of timm models, as a PNG grid and a JSON;
 ``weightformer analyze updates``: the size of the predicted weight updates of dynamic layers;
-``weightformer analyze interaction``: whether glyphs at opposite edges interact in the pooled features.
+``weightformer analyze interaction``: whether glyphs at opposite edges interact in the pooled features;
+``weightformer analyze transfer``: probe checkpoints evaluated on larger canvases with the same glyphs.
 
-A thin layer over :mod:`.erf`, :mod:`.dynamics` and :mod:`.interaction`. Each ``--model`` is ``NAME[:key=value,...]``: a timm model name with
+A thin layer over :mod:`.erf`, :mod:`.dynamics`, :mod:`.interaction` and :mod:`.transfer`. Each ``--model`` is ``NAME[:key=value,...]``: a timm model name with
 keyword arguments (``weightformer_tiny:dynamic_period=0``), or ``ckpt=PATH`` alone for a checkpoint
 written by ``weightformer train`` (it names its model, kwargs and input format). Building the
 command line imports no torch; the tools import it once the arguments are parsed.
@@ -232,8 +233,38 @@ def _interaction_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _transfer_command(args: argparse.Namespace) -> int:
+    from ..engine.outputs import move_aside
+    from ..engine.run_dir import check_writable_file
+    from .transfer import diagnose_checkpoint, transfer_table, write_transfer
+
+    paths = []
+    for spec in args.model:
+        if not spec.startswith("ckpt=") or ":" in spec:
+            raise ConfigError(f"--model {spec!r}: transfer evaluates trained probe classifiers; write ckpt=PATH")
+        paths.append(spec[len("ckpt="):])
+    sizes = sorted(set(args.sizes))
+    png = Path(args.output)
+    outputs = (png, png.with_suffix(".json"), png.with_suffix(".md"))
+    for path in outputs:
+        check_writable_file(path, "--output")
+        if path.exists() and not args.overwrite:
+            raise ConfigError(f"--output: {path} exists; pass --overwrite to move it aside, or another path")
+    rows = transfer_table(paths, sizes, data=args.data, val=args.val)
+    if args.diagnose:
+        for row in rows:
+            row["diagnosis"] = diagnose_checkpoint(row["checkpoint"], [s for s in sizes if s > sizes[0]], num=args.diagnose)
+    for path in outputs:
+        if path.exists():
+            move_aside(path)
+    json_path, md_path = write_transfer(rows, sizes, png)
+    print(md_path.read_text(), end="")
+    print(f"wrote {png}, {json_path} and {md_path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``weightformer analyze erf | updates | interaction ...``."""
+    """``weightformer analyze erf | updates | interaction | transfer ...``."""
     from ..engine.cli import OneLineParser, run_reporting_errors
 
     parser = OneLineParser(prog="weightformer analyze", description="Analysis tools.")
@@ -274,10 +305,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     inter.add_argument("--placements", type=int, default=16, help="random glyph placements (default: 16)")
     inter.add_argument("--glyphs", type=int, default=2, help="glyphs to draw pairs from, 2-10 (default: 2)")
     inter.add_argument("--seed", type=int, default=0, help="seed of the random init and placements (default: 0)")
+    transfer = sub.add_parser("transfer", help="probe checkpoints on larger canvases with the same glyphs (no fine-tuning)",
+                              description="Held-out accuracy of each probe checkpoint at each --sizes canvas, the glyphs "
+                                          "drawn at the scale the checkpoint was trained with (the probe's scale option), "
+                                          "so the relation spans more tokens. Writes a PNG plot and a JSON and Markdown table "
+                                          "beside it. A ViT's position embedding is resampled as timm does it.")
+    transfer.add_argument("--model", action="extend", nargs="+", required=True, metavar="ckpt=PATH",
+                          help="weightformer train checkpoints of a probe (ckpt=A ckpt=B ...; repeatable)")
+    transfer.add_argument("--data", help="the probe to draw, with options (default: each checkpoint's own)")
+    transfer.add_argument("--sizes", type=int, nargs="+", default=[64, 96, 128], help="canvas sides in px (default: 64 96 128)")
+    transfer.add_argument("--val", type=int, help="held-out images per size (default: the probe's)")
+    transfer.add_argument("--diagnose", type=int, default=0, metavar="N",
+                          help="also compare N held-out images with the same images with background inserted, layer by "
+                               "layer and with one component swapped at a time (weightformer.analysis.transfer), into the JSON")
+    transfer.add_argument("--output", default="transfer.png", help="plot to write; .json and .md beside it (default: transfer.png)")
+    transfer.add_argument("--overwrite", action="store_true", help="move existing output files aside and write anew")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.tool == "transfer" and (min(args.sizes) < 32 or (args.val is not None and args.val < 1) or args.diagnose < 0):
+        parser.error("--sizes must be at least 32 px, --val at least 1 and --diagnose at least 0")
     if args.tool == "interaction" and not (2 <= args.glyphs <= 10 and args.img_size >= 32 and args.placements >= 1):
         parser.error("--glyphs must be 2-10, --img-size at least 32 and --placements at least 1")
-    command = {"erf": _erf_command, "updates": _updates_command, "interaction": _interaction_command}[args.tool]
+    command = {"erf": _erf_command, "updates": _updates_command, "interaction": _interaction_command,
+               "transfer": _transfer_command}[args.tool]
 
     def checked() -> int:
         _check_counts(args)

@@ -6,7 +6,9 @@
 ``glyph_match``, ``glyph_count``, ``path_link``: the long-range probes of :mod:`.probes`, generated
 on the fly. Options follow the name after a colon, ``glyph_match:size=64,train=4000,val=1000,seed=0``
 (each optional; those are the defaults; the glyph probes also take ``glyphs=2..10``, default 10). The held-out images come from their own seed stream, so
-they never repeat training images' draws.
+they never repeat training images' draws. ``scale=INT`` fixes the glyph cell (the stroke width of
+``path_link``) in pixels, which otherwise grows with the size: ``glyph_match:size=128,scale=2`` draws the
+64 px glyphs on a 128 px canvas. A size a probe cannot draw at its scale is refused in one line.
 """
 
 from __future__ import annotations
@@ -68,22 +70,27 @@ def _probe_defaults(size: int) -> dict[str, Any]:
 
 def probe_spec(name: str) -> BuiltinSpec:
     """The spec of a probe data set named ``probe`` or ``probe:key=value,...`` (see the module docstring)."""
-    from .probes import PROBES
+    from .probes import PROBES, check_canvas
 
     probe, _, text = name.partition(":")
     if probe not in PROBES:
         raise DataError(f"unknown probe {probe!r}; choose one of {sorted(PROBES)}")
     options = dict(PROBE_OPTIONS, **({"glyphs": 10} if probe.startswith("glyph") else {}))
+    allowed = [*options, "scale"]  # scale: only when given (by default it grows with the size)
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
-        if not sep or key not in options or not value.strip().isdigit():
-            raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(f'{k}=INT' for k in options)}; "
+        if not sep or key not in allowed or not value.strip().isdigit():
+            raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(f'{k}=INT' for k in allowed)}; "
                             f"write e.g. {probe}:size=64,train=4000,seed=0")
         options[key] = int(value)
     if options["size"] < 32 or options["train"] < 1 or options["val"] < 1:
         raise DataError(f"{name!r}: size must be at least 32 px and train, val at least 1")
     if "glyphs" in options and not 2 <= options["glyphs"] <= 10:
         raise DataError(f"{name!r}: glyphs must be 2 to 10")
+    try:
+        check_canvas(probe, options["size"], options.get("scale"))
+    except ValueError as exc:
+        raise DataError(f"{name!r}: {exc}") from None
     return BuiltinSpec(file="", num_classes=PROBES[probe][1], in_chans=1, img_size=options["size"], mean=(0.05,),
                        std=(0.2,), defaults=_probe_defaults(options["size"]), probe=probe, options=options)
 
@@ -184,7 +191,7 @@ def _generate_probe(spec: BuiltinSpec) -> dict[str, ArrayImageDataset]:
     from .probes import PROBES
 
     generate = PROBES[spec.probe][0]
-    extra = {"glyphs": spec.options["glyphs"]} if "glyphs" in spec.options else {}
+    extra = {key: spec.options[key] for key in ("glyphs", "scale") if key in spec.options}
     size, seed = spec.options["size"], spec.options["seed"]
     return {
         split: ArrayImageDataset(*generate(spec.options[split], size=size, seed=2 * seed + offset, **extra))

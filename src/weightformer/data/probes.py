@@ -14,7 +14,12 @@ uint8 array (0 background, 255 ink) and labels a (N,) int64 array:
   of different curves (half each). The
   answer needs the curve followed end to end (a small "Pathfinder").
 
-Sizes: ``size`` (pixels, 32 or more) and the image count; the glyph scale grows with the size.
+Sizes: ``size`` (pixels, 32 or more) and the image count. ``scale`` is the pixels per glyph cell
+(the glyph probes) or the stroke width (``path_link``); by default it grows with the canvas
+(:func:`default_scale`: 2 at 64 px). Given explicitly it stays put, so a larger canvas with the same
+``scale`` draws the same glyphs farther apart: ``glyph_match(size=128, scale=2)`` is the 64 px task with
+the relation spanning twice the pixels (resolution transfer, weightformer.analysis.transfer).
+:func:`check_canvas` says whether a probe can draw at a size and scale.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-__all__ = ["GLYPH_BANK", "PROBES", "glyph_count", "glyph_match", "path_link", "stamp_glyph"]
+__all__ = ["GLYPH_BANK", "PROBES", "check_canvas", "default_scale", "glyph_count", "glyph_match", "path_link", "stamp_glyph"]
 
 
 def _glyph_bank(count: int = 10, side: int = 5) -> np.ndarray:
@@ -45,9 +50,30 @@ def _glyph_bank(count: int = 10, side: int = 5) -> np.ndarray:
 GLYPH_BANK = _glyph_bank()
 
 
-def _scale(size: int) -> int:
-    """Pixels per glyph cell: 2 at 64 px, 1 at 32 px."""
+def default_scale(size: int) -> int:
+    """Pixels per glyph cell (the stroke width of ``path_link``) when none is given: 2 at 64 px, 1 at 32 px."""
     return max(1, size // 32)
+
+
+def check_canvas(probe: str, size: int, scale: int | None = None, max_count: int = 4) -> None:
+    """Raise ValueError (one line) unless ``probe`` can draw at ``size`` px with ``scale`` (None: the default)."""
+    scale = default_scale(size) if scale is None else scale
+    if scale < 1:
+        raise ValueError(f"scale must be at least 1, got {scale}")
+    box = 5 * scale
+    if probe == "glyph_match" and 2 * (box + _margin(size)) > size:
+        raise ValueError(f"glyph_match cannot draw two {box} px glyphs (scale {scale}) with their {_margin(size)} px "
+                         f"edge bands apart on a {size} px canvas; use size >= {2 * (box + _margin(size))} or a smaller scale")
+    if probe == "glyph_count" and (size // (box + scale)) ** 2 < max_count:
+        raise ValueError(f"glyph_count cannot place {max_count} {box} px glyphs (scale {scale}) apart on a {size} px "
+                         f"canvas; use size >= {2 * (box + scale)} or a smaller scale")
+    if probe == "path_link" and 4 * scale > size // 4:
+        raise ValueError(f"path_link cannot draw {scale} px strokes on a {size} px canvas; use size >= {16 * scale}")
+
+
+def _margin(size: int) -> int:
+    """The band, at each side edge, in which a glyph_match glyph's outer edge lies."""
+    return max(1, size // 16)
 
 
 def stamp_glyph(image: np.ndarray, glyph: np.ndarray, top: int, left: int, scale: int) -> None:
@@ -56,13 +82,15 @@ def stamp_glyph(image: np.ndarray, glyph: np.ndarray, top: int, left: int, scale
     image[top:top + h, left:left + w][block] = 255
 
 
-def glyph_match(num: int, size: int = 64, seed: int = 0, glyphs: int = 10) -> tuple[np.ndarray, np.ndarray]:
+def glyph_match(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, scale: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """Two glyphs at opposite edges, drawn from the first ``glyphs`` of the bank: 1 if they are the same
     glyph, else 0. With ``glyphs=2`` the label is the XOR of the two edges' identities."""
+    check_canvas("glyph_match", size, scale)
     rng = np.random.default_rng([seed, 1])
-    scale = _scale(size)
+    scale = default_scale(size) if scale is None else scale
     box = 5 * scale
-    margin = max(1, size // 16)  # each glyph's left edge lies within this band of its image edge
+    margin = _margin(size)  # each glyph's outer edge lies within this band of its image edge
     images = np.zeros((num, size, size), np.uint8)
     labels = (np.arange(num) % 2).astype(np.int64)
     rng.shuffle(labels)
@@ -77,16 +105,15 @@ def glyph_match(num: int, size: int = 64, seed: int = 0, glyphs: int = 10) -> tu
     return images, labels
 
 
-def glyph_count(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, max_count: int = 4
-                ) -> tuple[np.ndarray, np.ndarray]:
+def glyph_count(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, max_count: int = 4,
+                scale: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """1 to ``max_count`` non-touching copies of one random glyph (per image, from the first ``glyphs`` of
     the bank); label = count - 1."""
+    check_canvas("glyph_count", size, scale, max_count)
     rng = np.random.default_rng([seed, 2])
-    scale = _scale(size)
+    scale = default_scale(size) if scale is None else scale
     box = 5 * scale
     cells = size // (box + scale)  # a grid of slots one cell apart, so copies never touch
-    if cells * cells < max_count:
-        raise ValueError(f"size {size} is too small for {max_count} glyphs; use 32 px or more")
     images = np.zeros((num, size, size), np.uint8)
     labels = rng.integers(0, max_count, num).astype(np.int64)
     for i in range(num):
@@ -126,10 +153,12 @@ def _draw(size: int, points: list[tuple[float, float]], width: int, marker_ends:
     return np.asarray(image) > 0
 
 
-def path_link(num: int, size: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Two non-touching curves and two markers: 1 if the markers end the same curve, else 0."""
+def path_link(num: int, size: int = 64, seed: int = 0, scale: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Two non-touching curves and two markers: 1 if the markers end the same curve, else 0.
+    ``scale``: the stroke width in pixels."""
+    check_canvas("path_link", size, scale)
     rng = np.random.default_rng([seed, 3])
-    width = max(1, size // 32)
+    width = default_scale(size) if scale is None else scale
     reach = width + 1  # curves stay at least this many pixels apart
     images = np.zeros((num, size, size), np.uint8)
     labels = (np.arange(num) % 2).astype(np.int64)

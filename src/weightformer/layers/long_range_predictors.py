@@ -27,6 +27,16 @@ Linear predictors (``linear_predictor=``):
 - ``centered`` (second-order statistics): the covariance of the activated projections,
   core = Σ_t (σ(P_in,t) − mean)ᵀ(σ(P_out,t) − mean), which removes the background's constant
   outer product and keeps only how tokens vary; ΔW = g·U_inᵀ·unit(core)·U_out.
+- ``double_centered`` (second-order statistics of the grid's residuals): as ``centered`` with each
+  side's projections double-centred on the H'×W' grid of pooled tokens, D = σ(P) − row mean − column
+  mean + grid mean, core = Σ_t D_in,tᵀ D_out,t. Any pattern that is a sum of a function of the row and
+  one of the column drops out, which the borders of zero-padded convolutions over a uniform
+  background are, but for the four corners (each edge's tokens deviate alike; the corners are four
+  tokens whatever the size). Under ``centered`` those border tokens dominate
+  the covariance of deep blocks (on a blank probe canvas its core is 0.8-1.1 times an image's) and
+  their count grows with the canvas' side while a few glyphs' does not, so unit(core), and ΔW with
+  it, changes with the canvas size (docs/analysis.md, "Resolution transfer"). Cost as ``centered``
+  plus the row and column means, N'·(C/r + O/r).
 
 Depthwise-conv predictor (``dwc_predictor=``):
 
@@ -44,7 +54,8 @@ from torch import Tensor, nn
 from .dynamic_dwconv import DWCONV_PREDICTORS
 from .dynamic_linear import LINEAR_PREDICTORS, _LowRankPredictor, pool_2x2
 
-__all__ = ["BilateralUnitPredictor", "CenteredPredictor", "ScorePoolKernelPredictor", "ScorePoolPredictor"]
+__all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "ScorePoolKernelPredictor",
+           "ScorePoolPredictor", "double_center"]
 
 _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
@@ -57,8 +68,18 @@ class BilateralUnitPredictor(_LowRankPredictor):
         super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
         # ΔW's entries are sums of C/r·O/r products of a unit core entry and two std-0.02 basis entries;
         # a column has C of them.
-        start = _INIT_COLUMN_NORM / (_INIT_STD**2 * (self.in_rank * self.out_rank * in_features) ** 0.5)
-        self.gain = nn.Parameter(torch.tensor(float(start), device=device, dtype=dtype))
+        self.gain = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+        self._reset_gain()
+
+    def _reset_gain(self) -> None:
+        start = _INIT_COLUMN_NORM / (_INIT_STD**2 * (self.in_rank * self.out_rank * self.in_features) ** 0.5)
+        with torch.no_grad():
+            self.gain.fill_(start)
+
+    def reset_parameters(self) -> None:
+        """W_p, U_in, U_out as the release, then the gain g₀ (see the module docstring)."""
+        super().reset_parameters()
+        self._reset_gain()
 
     def unit_expand(self, core: Tensor) -> Tensor:
         """g·U_inᵀ·unit(core)·U_out as ΔWᵀ (B, O, C), core (B, C/r, O/r)."""
@@ -87,8 +108,16 @@ class ScorePoolPredictor(BilateralUnitPredictor):
         if self.in_rank % self.heads:
             raise ValueError(f"score_pool needs in_features / reduction ({self.in_rank}) divisible by {self.heads} heads")
         self.score = nn.Linear(in_features, self.heads, device=device, dtype=dtype)
+        self._reset_score()
+
+    def _reset_score(self) -> None:
         trunc_normal_(self.score.weight, std=0.02)
         nn.init.zeros_(self.score.bias)
+
+    def reset_parameters(self) -> None:
+        """The unit-scaled predictor's parameters, then the scores (truncated normal 0.02, zero bias)."""
+        super().reset_parameters()
+        self._reset_score()
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         pooled, p_in, p_out = self.activated(x)
@@ -109,6 +138,26 @@ class CenteredPredictor(BilateralUnitPredictor):
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
 
+def double_center(p: Tensor, rows: int, cols: int) -> Tensor:
+    """Tokens (B, N', D) of a rows×cols grid (row-major) minus their row mean and column mean, plus the grid
+    mean: what is left of each token once every sum of a row effect and a column effect is removed."""
+    B, _, D = p.shape
+    grid = p.view(B, rows, cols, D)
+    grid = grid - grid.mean(dim=2, keepdim=True) - grid.mean(dim=1, keepdim=True) + grid.mean(dim=(1, 2), keepdim=True)
+    return grid.reshape(B, rows * cols, D)
+
+
+class DoubleCenteredPredictor(BilateralUnitPredictor):
+    """Covariance of the activated projections after double centring on the pooled grid (see module docstring)."""
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+        _, p_in, p_out = self.activated(x)
+        H, W = x.shape[1], x.shape[2]
+        rows, cols = H // min(H, 2), W // min(W, 2)  # the grid pool_2x2 leaves
+        p_in, p_out = double_center(p_in, rows, cols), double_center(p_out, rows, cols)
+        return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
+
+
 class ScorePoolKernelPredictor(nn.Module):
     """ΔK_c = GELU(W₁z + b₁)_c · U_c with z a per-channel softmax-score-weighted pool of the tokens."""
 
@@ -119,6 +168,10 @@ class ScorePoolKernelPredictor(nn.Module):
         self.fc1 = nn.Linear(dim, dim, **dd)
         self.act = nn.GELU()
         self.bank = nn.Parameter(torch.empty(dim, kernel_size, kernel_size, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The kernel bank U: truncated normal, std 0.02 (the score conv and fc1 are plain modules with their own)."""
         trunc_normal_(self.bank, std=0.02)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
@@ -130,4 +183,5 @@ class ScorePoolKernelPredictor(nn.Module):
 LINEAR_PREDICTORS["bilateral_unit"] = BilateralUnitPredictor
 LINEAR_PREDICTORS["score_pool"] = ScorePoolPredictor
 LINEAR_PREDICTORS["centered"] = CenteredPredictor
+LINEAR_PREDICTORS["double_centered"] = DoubleCenteredPredictor
 DWCONV_PREDICTORS["score_gap"] = ScorePoolKernelPredictor

@@ -1,0 +1,323 @@
+"""Resolution transfer of probe classifiers: a checkpoint trained on a probe at one canvas size,
+evaluated with no fine-tuning on larger canvases that draw the SAME glyphs (the probe's ``scale``
+option fixed), so the relation spans more tokens (``weightformer analyze transfer``).
+
+- :func:`transfer_table`: held-out accuracy of each checkpoint at each size. WeightFormer takes any
+  size as it is (no position embedding); a timm ViT's position embedding is resampled to the new
+  grid as timm does it (``set_input_size``, i.e. ``timm.layers.resample_abs_pos_embed``).
+- :func:`insert_background` and :func:`swap_diagnosis`: why accuracy falls. A small probe image and
+  the same image with background inserted (glyph pixels identical) are run side by side; each
+  dynamic layer's predicted update (ΔW of a dynamic linear, ΔK of a dynamic depthwise conv), the
+  pooled head feature and the logits are compared, and the large image's forward is repeated with
+  one component at a time replaced by the small image's, which says which component's change costs
+  the accuracy.
+
+Building the command line imports no torch; these functions import it where they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["LAYOUTS", "checkpoint_probe", "diagnose_checkpoint", "glyph_scale", "insert_background", "load_probe_classifier", "plot_transfer",
+           "probe_at", "probe_batch", "swap_diagnosis", "transfer_markdown", "transfer_table", "write_transfer"]
+
+LAYOUTS = ("between", "around")
+
+
+def glyph_scale(data: str) -> int:
+    """The glyph cell (stroke width) in pixels of a probe data name: its ``scale`` option, or the one its size implies."""
+    from ..data.builtin import probe_spec
+    from ..data.probes import default_scale
+
+    options = probe_spec(data).options
+    return options.get("scale", default_scale(options["size"]))
+
+
+def probe_at(data: str, size: int, scale: int) -> str:
+    """``data`` (a probe name with options) redrawn at ``size`` px with glyph cell ``scale``, other options
+    kept: ``probe_at("glyph_match:glyphs=2", 128, 2) == "glyph_match:glyphs=2,size=128,scale=2"``.
+    DataError (one line) when the probe cannot draw there."""
+    from ..data.builtin import probe_spec
+
+    probe, _, text = data.partition(":")
+    kept = [item for item in text.split(",") if item and item.partition("=")[0] not in ("size", "scale")]
+    name = f"{probe}:{','.join([*kept, f'size={size}', f'scale={scale}'])}"
+    probe_spec(name)  # validates, naming what cannot be drawn
+    return name
+
+
+def checkpoint_probe(meta: dict[str, Any], path: str) -> str:
+    """The probe a classifier checkpoint was trained on (its ``data``), or ConfigError if it names none."""
+    from ..data.probes import PROBES
+
+    data = str(meta.get("data") or "")
+    if data.partition(":")[0] not in PROBES:
+        raise ConfigError(f"--model ckpt={path}: not a probe classifier (trained on {data or 'unknown data'!r}, "
+                          f"not one of {', '.join(sorted(PROBES))}); pass a checkpoint of weightformer train --data PROBE")
+    return data
+
+
+def load_probe_classifier(path: str) -> tuple[nn.Module, dict[str, Any]]:
+    """A ``weightformer train`` classifier checkpoint trained on a probe: (model in eval mode, meta)."""
+    from ..engine.weights import load_model
+
+    if not Path(path).is_file():
+        raise ConfigError(f"--model ckpt={path}: no such checkpoint file")
+    loaded = load_model(path, task="classification")
+    checkpoint_probe(loaded.meta, path)
+    return loaded.model, loaded.meta
+
+
+def _fit_grid(model: nn.Module, size: int) -> None:
+    """Let ``model`` take ``size`` px images: a ViT's position embedding resampled to the new grid (timm's
+    ``set_input_size``, bicubic); a model without position embeddings is left as it is."""
+    if getattr(model, "pos_embed", None) is not None and hasattr(model, "set_input_size"):
+        model.set_input_size(img_size=size)
+
+
+def probe_batch(data: str, split: str = "val") -> tuple[torch.Tensor, torch.Tensor]:
+    """A probe split as the classifier sees it: images (N, 1, S, S) normalised with the probe's mean and std, labels (N,)."""
+    import torch
+
+    from ..data import open_dataset
+
+    info, splits = open_dataset(data, splits=(split,))
+    images = torch.from_numpy(splits[split].images).float().div(255)[:, None]  # (N, 1, S, S)
+    return (images - info.mean[0]) / info.std[0], torch.from_numpy(splits[split].labels)
+
+
+def _accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 200) -> float:
+    import torch
+
+    with torch.no_grad():
+        hits = sum(int((model(images[i:i + batch]).argmax(-1) == labels[i:i + batch]).sum())
+                   for i in range(0, len(images), batch))
+    return 100.0 * hits / len(images)
+
+
+def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None = None,
+                   val: int | None = None) -> list[dict[str, Any]]:
+    """Held-out top-1 (%) of each probe checkpoint at each canvas size, drawing the glyphs at the scale the
+    checkpoint was trained with. ``data``: the probe (with options) to draw, default each checkpoint's own;
+    ``val``: held-out images per size (default the probe's). Everything is checked before the first
+    evaluation (files, probes, sizes)."""
+    plans = []
+    for path in paths:
+        _, meta = load_probe_classifier(path)
+        trained = checkpoint_probe(meta, path)
+        drawn = data or trained
+        if val is not None:
+            drawn = f"{drawn.partition(':')[0]}:{','.join([*_options_except(drawn, 'val'), f'val={val}'])}"
+        scale = glyph_scale(trained)
+        plans.append((path, meta, trained, [(size, probe_at(drawn, size, scale)) for size in sizes]))
+    rows = []
+    for path, meta, trained, canvases in plans:
+        accuracies = {}
+        for size, name in canvases:
+            model, _ = load_probe_classifier(path)  # afresh, so a resampled position embedding starts from the trained one
+            _fit_grid(model, size)
+            images, labels = probe_batch(name)
+            accuracies[str(size)] = _accuracy(model, images, labels)
+        rows.append({"checkpoint": path, "model": meta["model"], "model_kwargs": meta.get("model_kwargs", {}),
+                     "trained_on": trained, "trained_size": meta.get("img_size"), "drawn": [n for _, n in canvases],
+                     "accuracy": accuracies})
+    return rows
+
+
+def _options_except(name: str, key: str) -> list[str]:
+    return [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] != key]
+
+
+def _label(row: dict[str, Any]) -> str:
+    """A row's name: the run folder of its checkpoint (``<run>/best.pt``)."""
+    return "/".join(Path(row["checkpoint"]).parts[-2:])
+
+
+def transfer_markdown(rows: list[dict[str, Any]], sizes: Sequence[int]) -> str:
+    head = ("| checkpoint | model | model kwargs | trained on | " + " | ".join(f"{s} px" for s in sizes)
+            + f" | {sizes[-1]} / {sizes[0]} |")
+    lines = [head, "|" + "---|" * (5 + len(sizes))]
+    for row in rows:
+        acc = [row["accuracy"][str(s)] for s in sizes]
+        kwargs = " ".join(f"{k}={v}" for k, v in row["model_kwargs"].items())
+        lines.append(f"| {_label(row)} | {row['model']} | {kwargs} | {row['trained_on']} | "
+                     + " | ".join(f"{a:.1f}" for a in acc) + f" | {acc[-1] / acc[0]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], path: Path) -> None:
+    """Accuracy against canvas size, one line per checkpoint, chance as a dotted line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for row in rows:
+        ax.plot(sizes, [row["accuracy"][str(s)] for s in sizes], marker="o", label=_label(row))
+    ax.axhline(50.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xticks(list(sizes))
+    ax.set_xlabel("canvas (px), same glyphs")
+    ax.set_ylabel("held-out top-1 (%)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) -> tuple[Path, Path]:
+    """The table as ``<png stem>.json`` and ``.md`` beside the plot ``png``; returns the two paths."""
+    json_path, md_path = png.with_suffix(".json"), png.with_suffix(".md")
+    plot_transfer(rows, sizes, png)
+    for path, text in ((json_path, json.dumps({"sizes": list(sizes), "rows": rows}, indent=2) + "\n"),
+                       (md_path, transfer_markdown(rows, sizes))):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return json_path, md_path
+
+
+# -------------------------------------------------------------------------------------------------
+# diagnosis
+# -------------------------------------------------------------------------------------------------
+def insert_background(images: torch.Tensor, size: int, layout: str, background: float) -> torch.Tensor:
+    """The same glyphs on a ``size`` px canvas, (B, C, S, S) -> (B, C, size, size), filled with ``background``:
+
+    - ``between``: background columns inserted at the middle column and rows added half above, half
+      below, so each glyph keeps its distance to its side edge and the two move apart;
+    - ``around``: the image centred on the canvas, the glyphs as far apart as before, far from the edges.
+    """
+    S = images.shape[-1]
+    if layout not in LAYOUTS or size < S:
+        raise ValueError(f"layout must be one of {LAYOUTS} and size at least {S}, got {layout!r}, {size}")
+    out = images.new_full((*images.shape[:2], size, size), background)
+    top = (size - S) // 2
+    if layout == "around":
+        out[..., top:top + S, top:top + S] = images
+    else:
+        half = S // 2
+        out[..., top:top + S, :half] = images[..., :half]
+        out[..., top:top + S, size - (S - half):] = images[..., half:]
+    return out
+
+
+def _dynamic_predictors(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, predictor) of every dynamic layer, in forward order: ``blocks.0.mlp.fc1``, ``blocks.0.dwc``..."""
+    from ..layers.dynamic_layer import DynamicWeightLayer
+
+    return [(name, module.predictor) for name, module in model.named_modules() if isinstance(module, DynamicWeightLayer)]
+
+
+@contextmanager
+def _recording(modules: dict[str, nn.Module], store: dict[str, Any], replace: dict[str, Any] | None = None
+               ) -> Iterator[None]:
+    """Record each module's output in ``store``; where ``replace`` names a module, return that output instead."""
+    handles = []
+    for name, module in modules.items():
+        def hook(_, __, output, name=name):
+            store[name] = output
+            return None if replace is None or name not in replace else replace[name]
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _forward_parts(model: nn.Module, images: torch.Tensor, replace: dict[str, Any] | None = None
+                   ) -> tuple[dict[str, Any], torch.Tensor]:
+    """The predicted updates of every dynamic layer, the pooled head feature (``pool``) and the logits,
+    with the parts named in ``replace`` swapped in."""
+    import torch
+
+    modules = dict(_dynamic_predictors(model))
+    modules["pool"] = model.head_drop if hasattr(model, "head_drop") else model.get_classifier()
+    store: dict[str, Any] = {}
+    with torch.no_grad(), _recording(modules, store, replace):
+        logits = model(images)
+    return store, logits
+
+
+def _relative_change(small: torch.Tensor, large: torch.Tensor) -> float:
+    """Median over the batch of ‖large − small‖ / ‖small‖ per sample."""
+    small, large = small.flatten(1), large.flatten(1)  # (B, everything else)
+    return float(((large - small).norm(dim=1) / small.norm(dim=1).clamp_min(1e-30)).median())
+
+
+def _image_dependent(update: torch.Tensor) -> torch.Tensor:
+    """An update with its batch mean removed: the part that depends on the image."""
+    return update - update.mean(dim=0, keepdim=True)
+
+
+def swap_diagnosis(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, size: int, layout: str,
+                   background: float) -> dict[str, Any]:
+    """Compare ``images`` (B, C, S, S) with the same glyphs on a ``size`` px canvas (:func:`insert_background`).
+
+    Returns per component (each dynamic layer's update, ``pool`` the head's pooled feature, ``logits``):
+    ``change`` = median ‖large − small‖/‖small‖ and ``dependent_change`` for the image-dependent part
+    (batch mean removed); and ``accuracy``: at the small size, at the large one, and at the large one with
+    one component (or group: ``all linear``, ``all dwc``, ``all dynamic``) replaced by the small image's.
+    """
+    from ..layers.dynamic_linear import DynamicLinear
+
+    large = insert_background(images, size, layout, background)
+    small_parts, small_logits = _forward_parts(model, images)
+    large_parts, large_logits = _forward_parts(model, large)
+    names = [name for name in small_parts if name != "pool"]
+    linear = [n for n, m in model.named_modules() if isinstance(m, DynamicLinear)]
+    changes = {name: {"change": _relative_change(small_parts[name], large_parts[name]),
+                      "dependent_change": _relative_change(_image_dependent(small_parts[name]),
+                                                           _image_dependent(large_parts[name]))}
+               for name in [*names, "pool"]}
+    changes["logits"] = {"change": _relative_change(small_logits, large_logits),
+                         "dependent_change": _relative_change(_image_dependent(small_logits), _image_dependent(large_logits))}
+
+    def accuracy(logits: torch.Tensor) -> float:
+        return 100.0 * float((logits.argmax(-1) == labels).float().mean())
+
+    groups: dict[str, list[str]] = {name: [name] for name in [*names, "pool"]}
+    groups.update({"all linear": [n for n in names if n in linear], "all dwc": [n for n in names if n not in linear],
+                   "all dynamic": names, "all dynamic + pool": [*names, "pool"]})
+    swapped = {}
+    for group, members in groups.items():
+        if members:
+            _, logits = _forward_parts(model, large, {name: small_parts[name] for name in members})
+            swapped[group] = accuracy(logits)
+    return {"size": size, "layout": layout, "small_size": images.shape[-1], "images": len(images),
+            "accuracy": {"small": accuracy(small_logits), "large": accuracy(large_logits), "large, swapped in": swapped},
+            "changes": changes}
+
+
+def _probe_background(data: str) -> float:
+    """The normalised value of a blank pixel of the probe ``data``."""
+    from ..data.builtin import probe_spec
+
+    spec = probe_spec(data)
+    return (0.0 - spec.mean[0]) / spec.std[0]
+
+
+def diagnose_checkpoint(path: str, sizes: Sequence[int], layouts: Sequence[str] = LAYOUTS, num: int = 500
+                        ) -> list[dict[str, Any]]:
+    """:func:`swap_diagnosis` of a probe checkpoint on ``num`` of its own held-out images, per size and layout."""
+    model, meta = load_probe_classifier(path)
+    data = checkpoint_probe(meta, path)
+    images, labels = probe_batch(data)
+    images, labels = images[:num], labels[:num]
+    return [{"checkpoint": path, **swap_diagnosis(model, images, labels, size, layout, _probe_background(data))}
+            for size in sizes for layout in layouts]
+

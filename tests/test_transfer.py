@@ -1,0 +1,176 @@
+"""Resolution transfer of the probes: the probes' fixed glyph ``scale``, background insertion, the swap
+diagnosis and ``weightformer analyze transfer`` (weightformer.analysis.transfer)."""
+
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import weightformer  # noqa: F401  (registers the models)
+from weightformer.analysis.transfer import glyph_scale, insert_background, probe_at, swap_diagnosis
+from weightformer.cli import main
+from weightformer.data import BUILTIN_DATASETS, DataError, open_dataset
+from weightformer.data.probes import GLYPH_BANK, glyph_count, glyph_match
+
+
+def _boxes(image: np.ndarray) -> list[np.ndarray]:
+    """The ink of the left and right half, each cropped to its bounding box."""
+    out = []
+    for part in (image[:, : image.shape[1] // 2] > 0, image[:, image.shape[1] // 2:] > 0):
+        rows, cols = np.nonzero(part)
+        out.append(part[rows.min():rows.max() + 1, cols.min():cols.max() + 1])
+    return out
+
+
+def test_an_explicit_scale_equal_to_the_default_draws_the_same_images():
+    a, la = glyph_match(30, size=64, seed=2)
+    b, lb = glyph_match(30, size=64, seed=2, scale=2)
+    assert np.array_equal(a, b) and np.array_equal(la, lb)
+    c, _ = glyph_count(10, size=64, seed=2)
+    d, _ = glyph_count(10, size=64, seed=2, scale=2)
+    assert np.array_equal(c, d)
+
+
+def test_a_larger_canvas_at_a_fixed_scale_draws_the_64px_glyphs_farther_apart():
+    images, labels = glyph_match(40, size=128, seed=1, scale=2)
+    bank = [np.kron(g, np.ones((2, 2), bool)) for g in GLYPH_BANK]
+    for image, label in zip(images, labels):
+        left, right = _boxes(image)
+        assert left.shape == right.shape == (10, 10)  # 5 cells of 2 px, as at 64 px (not 4 px as by default)
+        assert any(np.array_equal(left, g) for g in bank) and any(np.array_equal(right, g) for g in bank)
+        assert np.array_equal(left, right) == bool(label)
+        cols = np.nonzero(image.any(0))[0]
+        assert cols.min() < 128 // 16 and cols.max() >= 128 - 128 // 16 - 1  # each in its edge band
+    default, _ = glyph_match(4, size=128, seed=1)
+    assert _boxes(default[0])[0].shape == (20, 20)  # without scale the glyphs grow with the canvas
+
+
+def test_scale_is_a_probe_option_and_an_undrawable_canvas_is_one_line(tmp_path, capsys):
+    info, splits = open_dataset("glyph_match:size=96,scale=2,train=4,val=4")
+    assert splits["val"].images.shape[1:] == (96, 96) and glyph_scale("glyph_match:size=96,scale=2") == 2
+    assert glyph_scale("glyph_match:size=96") == 3 and glyph_scale("path_link") == 2
+    with pytest.raises(DataError, match="cannot draw two 20 px glyphs"):
+        BUILTIN_DATASETS["glyph_match:size=32,scale=4"]
+    with pytest.raises(DataError, match="cannot place 4"):
+        BUILTIN_DATASETS["glyph_count:size=32,scale=3"]
+    with pytest.raises(DataError, match="scale must be at least 1"):
+        BUILTIN_DATASETS["glyph_match:scale=0"]
+    code = main(["train", "--data", "glyph_match:size=32,scale=4", "--output", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot draw" in err[0]
+
+
+def test_probe_at_keeps_the_other_options():
+    assert probe_at("glyph_match:glyphs=2,size=64,val=10", 128, 2) == "glyph_match:glyphs=2,val=10,size=128,scale=2"
+    with pytest.raises(DataError, match="cannot draw"):
+        probe_at("glyph_match", 32, 4)
+
+
+@pytest.mark.parametrize("layout", ["between", "around"])
+def test_inserted_background_keeps_every_glyph_pixel(layout):
+    images, labels = glyph_match(8, size=64, seed=0)
+    small = torch.from_numpy(images).float()[:, None]  # (8, 1, 64, 64), background 0
+    large = insert_background(small, 128, layout, background=0.0)
+    assert large.shape == (8, 1, 128, 128)
+    for before, after, label in zip(images, large[:, 0].numpy(), labels):
+        assert after.sum() == before.sum()  # no ink lost or added
+        left, right = _boxes(after)
+        assert np.array_equal(left, right) == bool(label)
+        cols = np.nonzero(after.any(0))[0]
+        if layout == "between":  # each glyph keeps its distance to its side edge
+            assert cols.min() == np.nonzero(before.any(0))[0].min()
+            assert 127 - cols.max() == 63 - np.nonzero(before.any(0))[0].max()
+        else:
+            assert cols.min() >= 32 and cols.max() < 96
+    with pytest.raises(ValueError, match="layout"):
+        insert_background(small, 32, layout, 0.0)
+
+
+def _tiny_probe_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("weightformer_long_range_tiny", patch_size=4, embed_dim=16, depth=2, img_size=32,
+                             in_chans=1, num_classes=2).eval()
+
+
+def test_swap_diagnosis_is_exact_where_it_must_be():
+    model = _tiny_probe_model()
+    torch.manual_seed(1)
+    images, labels = torch.randn(6, 1, 32, 32), torch.tensor([0, 1, 0, 1, 1, 0])
+    same = swap_diagnosis(model, images, labels, 32, "around", background=0.0)  # nothing inserted
+    assert all(c["change"] == 0.0 for c in same["changes"].values())
+    assert same["accuracy"]["small"] == same["accuracy"]["large"]
+    grown = swap_diagnosis(model, images, labels, 64, "between", background=-0.25)
+    names = set(grown["changes"])
+    assert {"blocks.0.dwc", "blocks.0.mlp.fc1", "blocks.1.dwc", "blocks.1.mlp.fc1", "pool", "logits"} == names
+    assert grown["changes"]["logits"]["change"] > 0
+    # the head's pooled feature swapped in means the small image's logits: its accuracy exactly
+    assert grown["accuracy"]["large, swapped in"]["pool"] == grown["accuracy"]["small"]
+    assert set(grown["accuracy"]["large, swapped in"]) >= {"all linear", "all dwc", "all dynamic"}
+
+
+@pytest.fixture(scope="module")
+def probe_checkpoint(tmp_path_factory):
+    """A 96 px glyph_match classifier (glyph scale 3) after one step, and an MNIST one."""
+    root = tmp_path_factory.mktemp("transfer")
+    common = ["--epochs", "1", "--max-steps", "1", "--batch-size", "8", "--model-kwargs", "patch_size=8", "embed_dim=16",
+              "depth=2"]
+    assert main(["train", "--data", "glyph_match:size=96,train=8,val=8", *common, "--output", str(root / "probe")]) == 0
+    return root
+
+
+def test_analyze_transfer_writes_the_table_and_plot(probe_checkpoint, capsys):
+    out = probe_checkpoint / "t.png"
+    code = main(["analyze", "transfer", "--model", f"ckpt={probe_checkpoint / 'probe' / 'last.pt'}", "--sizes", "96",
+                 "128", "--val", "20", "--diagnose", "4", "--output", str(out)])
+    assert code == 0
+    table = json.loads(out.with_suffix(".json").read_text())
+    row = table["rows"][0]
+    assert table["sizes"] == [96, 128] and set(row["accuracy"]) == {"96", "128"}
+    assert row["drawn"] == ["glyph_match:train=8,val=20,size=96,scale=3", "glyph_match:train=8,val=20,size=128,scale=3"]
+    assert [d["size"] for d in row["diagnosis"]] == [128, 128]
+    assert out.is_file() and "| probe/last.pt |" in out.with_suffix(".md").read_text()
+    assert main(["analyze", "transfer", "--model", f"ckpt={probe_checkpoint / 'probe' / 'last.pt'}",
+                 "--output", str(out)]) == 2  # the outputs exist: refused without --overwrite
+    assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "weightformer_tiny"], "write ckpt=PATH"),
+    (["--model", "ckpt=missing.pt"], "no such checkpoint file"),
+    (["--model", "ckpt={probe}", "--sizes", "32", "96"], "cannot draw two 15 px glyphs"),
+])
+def test_analyze_transfer_refuses_bad_input_in_one_line(probe_checkpoint, capsys, args, message):
+    args = [a.format(probe=probe_checkpoint / "probe" / "last.pt") for a in args]
+    code = main(["analyze", "transfer", *args, "--output", str(probe_checkpoint / "bad.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_analyze_transfer_refuses_a_checkpoint_that_is_not_a_probe_classifier(tmp_path, capsys):
+    assert main(["train", "--data", "mnist", "--epochs", "1", "--max-steps", "1", "--batch-size", "8", "--model-kwargs",
+                 "embed_dim=16", "depth=1", "--output", str(tmp_path / "mnist")]) == 0
+    capsys.readouterr()
+    code = main(["analyze", "transfer", "--model", f"ckpt={tmp_path / 'mnist' / 'last.pt'}",
+                 "--output", str(tmp_path / "t.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "not a probe classifier" in err[0], err
+
+
+def test_a_vit_position_embedding_is_resampled_to_the_new_grid_as_timm_does():
+    from timm.layers import resample_abs_pos_embed
+
+    from weightformer.analysis.transfer import _fit_grid
+
+    torch.manual_seed(0)
+    vit = timm.create_model("deit_tiny_patch16_224", patch_size=4, embed_dim=16, depth=1, num_heads=2, img_size=32,
+                            in_chans=1, num_classes=2).eval()
+    expected = resample_abs_pos_embed(vit.pos_embed.detach(), (16, 16), (8, 8), num_prefix_tokens=1)
+    _fit_grid(vit, 64)
+    torch.testing.assert_close(vit.pos_embed.detach(), expected)
+    assert vit(torch.randn(1, 1, 64, 64)).shape == (1, 2)
+    wf = _tiny_probe_model()
+    before = {k: v.clone() for k, v in wf.state_dict().items()}
+    _fit_grid(wf, 64)  # no position embedding: nothing to change
+    assert all(torch.equal(before[k], v) for k, v in wf.state_dict().items())
