@@ -16,6 +16,8 @@ a finished ``last.pt`` is not run again. Variants:
 - ``released_placement``: ``--model-kwargs linear_predictor=P`` with P the long-range design's predictor
   (``LONG_RANGE_ARGS``): the predictor at the released placement (blocks 1, 4, 7, ... dynamic), so
   placement and predictor can be told apart;
+- ``long_range_centered``: ``--long-range --model-kwargs linear_predictor=centered``: the long-range design
+  as it was before the resolution-transfer fix (docs/analysis.md §5), every block dynamic with ``centered``;
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels, the
   recipe's other model settings.
 
@@ -44,7 +46,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "long_range"
-VARIANTS = ("released", "long_range", "released_placement", "attention")
+VARIANTS = ("released", "long_range", "released_placement", "long_range_centered", "attention")
 # The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
 # so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
 EPOCHS = {"det": 8, "seg": 25, "gen": 6}
@@ -75,6 +77,8 @@ def variant_flags(task: str, variant: str) -> list[str]:
         return []
     if variant == "long_range":
         return ["--long-range"]
+    if variant == "long_range_centered":
+        return ["--long-range", "--model-kwargs", "linear_predictor=centered"]
     if variant == "released_placement":
         from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
         return ["--model-kwargs", f"linear_predictor={LONG_RANGE_ARGS['linear_predictor']}"]
@@ -180,8 +184,7 @@ def cost(task: str, run: Path) -> dict[str, Any]:
         counted = lambda: model(x[:1], t[:1], y[:1])  # noqa: E731
     else:
         images = torch.randn(BATCH, 3, size, size)
-        backbone = model.backbone.backbone if task == "det" else model.backbone
-        trunk = getattr(backbone, "backbone", backbone)
+        trunk = model.backbone.backbone if task == "det" else model.pyramid.backbone  # the timm model
         call = (lambda: model(list(images))) if task == "det" else (lambda: model(images))
         counted = lambda: trunk.forward_features(images[:1])  # noqa: E731
     counter = FlopCounterMode(display=False)
@@ -209,7 +212,8 @@ COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [
            "gen": [("class_accuracy", "class-correct %"), ("judge_fd", "judge_fd (not FID)"), ("val_mse", "val ε-MSE")]}
 LEGEND = ("`released` the recipe's model; `long_range` the same command with `--long-range` (the long-range "
           "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
-          "predictor at the released placement, one dynamic block in three); `attention` DeiT or DiT of the "
+          "predictor at the released placement, one dynamic block in three); `long_range_centered` `--long-range` "
+          "with the `centered` predictor (the design before the resolution-transfer fix); `attention` DeiT or DiT of the "
           "same width and depth, 32 channels per head. Scores are the last epoch's; seeds column: the first "
           "score per seed. Costs on freshly initialised models, one thread, after the runs.")
 COST_NAME = {"det": "backbone GMACs", "seg": "backbone GMACs", "gen": "GMACs"}

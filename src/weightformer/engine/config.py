@@ -69,7 +69,7 @@ class TrainConfig:
     model: str = setting("weightformer_tiny", help="the model (a timm name for the backbone tasks)")
     # Keyword arguments of the model builder (timm.create_model's, for the backbone tasks).
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    long_range: bool = setting(False, help="use the long-range design of --model (the centered predictor in every "
+    long_range: bool = setting(False, help="use the long-range design of --model (the double_centered predictor in every "
                                            "block, docs/analysis.md), keeping the recipe's model settings: "
                                            "weightformer_tiny becomes weightformer_long_range_tiny")
     # optimisation

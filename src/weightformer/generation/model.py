@@ -223,7 +223,7 @@ class WeightFormerDiT(nn.Module):
     values. ``guidance`` picks what :meth:`forward_with_cfg` guides by default: ``"release"`` the first
     three output channels as the release and DiT do, ``"standard"`` all ``in_channels`` noise channels.
     ``linear_predictor`` and ``dynamic_period`` (WeightFormer only) choose the dynamic MLP layer's
-    predictor and which blocks are dynamic, as for the classifier: ``"centered"`` with period 1 is the
+    predictor and which blocks are dynamic, as for the classifier: ``"double_centered"`` with period 1 is the
     long-range design (``wf_dit_long_range_*``, see :mod:`.variants`).
     """
 

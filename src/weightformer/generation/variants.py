@@ -5,7 +5,7 @@
 - ``wf_dit_{l,xl}_{2,4,8}``: DiT-L and -XL widths (1024, 1152) for scaling runs. Not released: their
   depths, 30 and 35, are DiT's 24 and 28 scaled by the release's 15/12.
 - ``wf_dit_long_range_{s,b,l,xl}_{2,4,8}`` ("WF-DiT-Long-Range-S/2", ...): WF-DiT with the classifier's
-  long-range design (:data:`weightformer.models.weightformer_long_range.LONG_RANGE_ARGS`: the ``centered``
+  long-range design (:data:`weightformer.models.weightformer_long_range.LONG_RANGE_ARGS`: the ``double_centered``
   linear predictor in every block), at WF-DiT's sizes. Not released; docs/generation.md measures it.
 - ``dit_{s,b,l,xl}_{2,4,8}``: the attention DiT baseline, DiT's own configs (depth 12/12/24/28, 6/12/16/16 heads).
 
