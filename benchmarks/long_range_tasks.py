@@ -131,9 +131,15 @@ def _finished(task: str, run: Path) -> bool:
     return done and (task != "gen" or (run / "eval.json").is_file())
 
 
+def run_commands(task: str, variant: str, seed: int, runs: Path) -> list[list[str]]:
+    """The run's command lines: training, then (gen) sampling and scoring."""
+    run = runs / task / variant / f"seed{seed}"
+    return [train_command(task, variant, seed, run)] + (sample_commands(run) if task == "gen" else [])
+
+
 def run_one(task: str, variant: str, seed: int, runs: Path) -> dict[str, Any]:
     run = runs / task / variant / f"seed{seed}"
-    commands = [train_command(task, variant, seed, run)] + (sample_commands(run) if task == "gen" else [])
+    commands = run_commands(task, variant, seed, runs)
     if not _finished(task, run):
         run.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
@@ -202,10 +208,10 @@ def cost(task: str, run: Path) -> dict[str, Any]:
             "model_kwargs": meta.get("model_kwargs", {})}
 
 
-def _mean_std(values: list[float]) -> str:
+def _mean_std(values: list[float], digits: int = 2) -> str:
     if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [("mIoU", "mIoU"), ("mAcc", "mAcc")],
@@ -228,9 +234,11 @@ def markdown(task: str, rows: list[dict[str, Any]], costs: dict[str, dict[str, A
         if not mine:
             continue
         c = costs[variant]
-        cells = [_mean_std([r[key] for r in mine]) for key, _ in COLUMNS[task]]
+        cells = [_mean_std([r[key] for r in mine], 4 if key == "val_mse" else 2) for key, _ in COLUMNS[task]]
         per_seed = "/".join(f"{r[COLUMNS[task][0][0]]:.1f}" for r in mine)
-        lines.append(f"| {variant} | `{c['model']}` | {' | '.join(cells)} | {len(mine)} ({per_seed}) | "
+        predictor = c.get("model_kwargs", {}).get("linear_predictor")
+        model = f"`{c['model']}`" + (f" (`{predictor}`)" if predictor else "")
+        lines.append(f"| {variant} | {model} | {' | '.join(cells)} | {len(mine)} ({per_seed}) | "
                      f"{c['params_M']:.2f}M | {c['gmacs']:.3f} | {c['img_per_s']:.1f} |")
     return "\n".join(lines)
 
@@ -267,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [(t, v, s) for t in args.tasks for v in args.variants for s in args.seeds]
     if args.table_only:
         todo = [(t, v, s) for t, v, s in todo if _finished(t, args.runs / t / v / f"seed{s}")]
-        rows = [{"task": t, "variant": v, "seed": s, "commands": [shlex.join(train_command(t, v, s, args.runs / t / v / f"seed{s}"))],
+        rows = [{"task": t, "variant": v, "seed": s, "commands": [shlex.join(c) for c in run_commands(t, v, s, args.runs)],
                  **scores(t, args.runs / t / v / f"seed{s}")} for t, v, s in todo]
     else:
         with ThreadPoolExecutor(args.jobs) as pool:
