@@ -35,12 +35,18 @@ def test_long_range_flag_takes_the_long_range_design_and_keeps_the_recipe(task, 
     assert plain.model == released and not plain.long_range
     expected = LONG_RANGE_VARIANTS.get(released) or LONG_RANGE_DESIGNS[released]
     assert long.model == expected and long.long_range
-    assert long.model_kwargs == plain.model_kwargs  # the recipe's model settings, unchanged
+    # The recipe's model settings, unchanged, and the design's predictor written down (so the run rebuilds
+    # as it trained if the design's default changes).
+    assert long.model_kwargs == {**plain.model_kwargs, "linear_predictor": LONG_RANGE_ARGS["linear_predictor"]}
     if kept:
         assert kept.items() <= long.model_kwargs.items()
     # Naming the long-range model itself is the same choice: the recipe's settings are kept too.
     named = prepare_config({"model": expected, "output": str(tmp_path / "c")}, task=task).cfg
-    assert named.model_kwargs == plain.model_kwargs
+    assert named.model_kwargs == long.model_kwargs
+    # A predictor the user names wins.
+    own = prepare_config({"long_range": True, "model_kwargs": {"linear_predictor": "centered"},
+                          "output": str(tmp_path / "d")}, task=task).cfg
+    assert own.model_kwargs["linear_predictor"] == "centered"
 
 
 def test_long_range_flag_refuses_a_model_without_one(tmp_path):

@@ -363,12 +363,19 @@ def resolve_config(
     for layer in checked:
         values.update({k: v for k, v in layer.items() if k != "model_kwargs"})
     values["model_kwargs"] = model_kwargs
+    model = values.get("model", config_fields(config_class)["model"].default)
     if values.get("long_range"):
-        model = values.get("model", config_fields(config_class)["model"].default)
         values["model"] = config_class.long_range_model(model)
         if values["model"] is None:
             raise ConfigError(f"--long-range: model {model!r} has no long-range design; use it with "
                               f"{config_class.long_range_hint()}, or name a model without --long-range")
+        model = values["model"]
+    if config_class.long_range_model(model) == model:
+        # A long-range design: its predictor is written into the run's settings (and so into its checkpoints),
+        # so the run rebuilds as it trained even if the design's default predictor changes again.
+        from ..models.weightformer_long_range import LONG_RANGE_ARGS
+
+        values["model_kwargs"] = {"linear_predictor": LONG_RANGE_ARGS["linear_predictor"], **model_kwargs}
     return validate_config(config_class(**values))
 
 
