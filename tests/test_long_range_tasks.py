@@ -176,3 +176,23 @@ def test_long_range_backbone_in_each_segmentation_protocol(protocol):
         logits = model(torch.rand(1, 3, 64, 64))
     logits = logits["out"] if isinstance(logits, dict) else logits
     assert logits.shape == (1, 4, 64, 64) and torch.isfinite(logits).all()
+
+
+def test_a_long_range_checkpoint_that_names_no_predictor_is_loaded_with_a_warning(tmp_path, capsys):
+    """Checkpoints saved before runs wrote the predictor down were trained with ``centered``."""
+    from weightformer.checkpoint import save_atomic
+    from weightformer.engine.weights import load_model
+
+    kwargs = {"patch_size": 4, "embed_dim": 16, "depth": 1}
+    model = timm.create_model("weightformer_long_range_tiny", linear_predictor="centered", num_classes=3, in_chans=1,
+                              **kwargs)
+    meta = {"task": "classification", "model": "weightformer_long_range_tiny", "model_kwargs": kwargs,
+            "num_classes": 3, "in_chans": 1, "img_size": 28}
+    old = tmp_path / "old.pt"
+    save_atomic({"model": model.state_dict(), "meta": meta}, old)
+    loaded = load_model(old, task="classification")
+    assert "names no linear_predictor" in capsys.readouterr().err
+    assert loaded.model.blocks[0].mlp.fc1.predictor_name == LONG_RANGE_ARGS["linear_predictor"]
+    pinned = load_model(old, task="classification", model_kwargs={"linear_predictor": "centered"})
+    assert "names no linear_predictor" not in capsys.readouterr().err
+    assert pinned.model.blocks[0].mlp.fc1.predictor_name == "centered"
