@@ -26,7 +26,8 @@ samples of ``weightformer gen sample`` (20 per class, DDIM 50 steps, cfg 4, seed
 ``weightformer gen eval`` (the judge's class accuracy and judge_fd). Costs, measured here after the runs
 on randomly initialised copies of each model, one thread: parameters, GMACs per image (the backbone's for
 det and seg, whose heads are the same for all variants; the whole denoiser for gen; attention's matmuls
-counted) and inference images per second (batches of 8, median of 7 timed calls after 2 warm-ups).
+counted) and inference images per second (batches of 8, median of 7 timed calls after 2 warm-ups, with
+attention fused where timm fuses it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -171,18 +171,16 @@ def scores(task: str, run: Path) -> dict[str, Any]:
 def cost(task: str, run: Path) -> dict[str, Any]:
     """Parameters, GMACs per image and inference images/s of the run's model, freshly initialised."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
-    from weightformer.engine.weights import read_checkpoint
+    from weightformer.bench.dense import explicit_attention, gmacs
+    from weightformer.bench.timing import median, time_call
     from weightformer.engine.registry import get_task
+    from weightformer.engine.weights import read_checkpoint
 
     torch.set_num_threads(1)
     ckpt = read_checkpoint(run / "last.pt")
     meta = ckpt["meta"]
     model = get_task(meta["task"]).model_from_meta(meta).eval()
-    for module in model.modules():
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False  # explicit QKᵀ and AV, which the counter sees
     size = int(meta.get("img_size") or _recipe_kwargs(task)["img_size"])
     if task == "gen":
         x, t, y = torch.randn(BATCH, model.in_channels, size, size), torch.full((BATCH,), 500), torch.zeros(BATCH, dtype=torch.long)
@@ -193,19 +191,14 @@ def cost(task: str, run: Path) -> dict[str, Any]:
         trunk = model.backbone.backbone if task == "det" else model.pyramid.backbone  # the timm model
         call = (lambda: model(list(images))) if task == "det" else (lambda: model(images))
         counted = lambda: trunk.forward_features(images[:1])  # noqa: E731
-    counter = FlopCounterMode(display=False)
-    with torch.inference_mode(), counter:
-        counted()
-    times = []
-    with torch.inference_mode():
-        for i in range(9):
-            start = time.perf_counter()
+    with explicit_attention(model):
+        macs = gmacs(counted)
+    with torch.inference_mode():  # timed with attention as it runs: fused where timm fuses it
+        for _ in range(2):
             call()
-            if i >= 2:
-                times.append(time.perf_counter() - start)
-    return {"params_M": sum(p.numel() for p in model.parameters()) / 1e6, "gmacs": counter.get_total_flops() / 2e9,
-            "img_per_s": BATCH / statistics.median(times), "model": meta["model"],
-            "model_kwargs": meta.get("model_kwargs", {})}
+        seconds = median([time_call(call, "cpu") for _ in range(7)])
+    return {"params_M": sum(p.numel() for p in model.parameters()) / 1e6, "gmacs": macs,
+            "img_per_s": BATCH / seconds, "model": meta["model"], "model_kwargs": meta.get("model_kwargs", {})}
 
 
 def _mean_std(values: list[float], digits: int = 2) -> str:
@@ -243,21 +236,6 @@ def markdown(task: str, rows: list[dict[str, Any]], costs: dict[str, dict[str, A
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads_per_run": 1,
-            "load_average_at_table": load, "python": platform.python_version()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=list(EPOCHS), choices=list(EPOCHS))
@@ -287,15 +265,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         costs = {v: cost(task, args.runs / task / v / f"seed{min(r['seed'] for r in mine if r['variant'] == v)}")
                  for v in {r["variant"] for r in mine}}
-        record = {"task": task, "epochs": EPOCHS[task], "machine": machine(),
-                  "command": "python benchmarks/long_range_tasks.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-                  "runs": mine, "costs": costs}
+        from weightformer.bench.machine import machine_info
+
+        command = "python benchmarks/long_range_tasks.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+        record = {"task": task, "epochs": EPOCHS[task], "machine": {**machine_info(command=command), "threads_per_run": 1},
+                  "command": command, "runs": mine, "costs": costs}
         (args.out / f"{task}.json").write_text(json.dumps(record, indent=1) + "\n")
         table = markdown(task, mine, costs)
         (args.out / f"{task}.md").write_text(
             f"# {task}: the offline job at {EPOCHS[task]} epochs, per variant (mean ± sd over seeds)\n\n{table}\n\n"
             f"Variants: {LEGEND}\n\n"
-            f"Machine: {record['machine']['cpu']}, {record['machine']['cores']} cores, torch "
+            f"Machine: {record['machine']['cpu']}, {record['machine']['cpu_count']} cores, torch "
             f"{record['machine']['torch']}, one thread per run. Command: `{record['command']}`; each run's "
             f"command line is in {task}.json.\n")
         print(table)

@@ -32,9 +32,10 @@ import math
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from .machine import describe
 from .options import (DEVICE_HELP, add_overwrite_argument, check_device, check_number, number, one_line_error,
@@ -43,7 +44,8 @@ from .options import (DEVICE_HELP, add_overwrite_argument, check_device, check_n
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["BACKBONES", "DenseBenchConfig", "build_dense_model", "count_macs", "main", "markdown_table", "run"]
+__all__ = ["BACKBONES", "DenseBenchConfig", "build_dense_model", "count_macs", "explicit_attention", "gmacs", "main",
+           "markdown_table", "run"]
 
 PYRAMID_CHANNELS = 256  # Mask R-CNN's FPN width, as in ViTDet and the paper
 INFER, TRAIN = "infer", "train"
@@ -119,7 +121,9 @@ def build_dense_model(key: str) -> nn.Module:
     return SimpleFeaturePyramid(backbone, out_channels=PYRAMID_CHANNELS)
 
 
-def _macs(fn: Callable[[], Any]) -> float:
+def gmacs(fn: Callable[[], Any]) -> float:
+    """GMACs of one call of ``fn``, in inference mode, as torch's FlopCounterMode counts them (run it
+    under :func:`explicit_attention` so that fused attention is counted too)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -129,21 +133,29 @@ def _macs(fn: Callable[[], Any]) -> float:
     return counter.get_total_flops() / 2e9
 
 
+@contextmanager
+def explicit_attention(model: nn.Module) -> Iterator[None]:
+    """``model``'s fused attention modules (timm's ``fused_attn``) computing explicit QKᵀ and AV, which the
+    counter sees, inside the block; their setting is restored after it."""
+    fused = {m: m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")}
+    for module in fused:
+        module.fused_attn = False
+    try:
+        yield
+    finally:
+        for module, value in fused.items():
+            module.fused_attn = value
+
+
 def count_macs(model: nn.Module, height: int, width: int) -> dict[str, float]:
     """GMACs per image of the trunk (``model.backbone``, on the padded image the pyramid gives it) and
     of the trunk with the pyramid."""
     import torch
 
-    fused = {m: m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")}
-    for module in fused:
-        module.fused_attn = False  # explicit QKᵀ and AV, which the counter sees
     padded = torch.zeros(1, 3, math.ceil(height / 32) * 32, math.ceil(width / 32) * 32)
-    try:
-        trunk = _macs(lambda: model.backbone.forward_features(padded))
-        total = _macs(lambda: model(torch.zeros(1, 3, height, width)))
-    finally:
-        for module, value in fused.items():
-            module.fused_attn = value
+    with explicit_attention(model):
+        trunk = gmacs(lambda: model.backbone.forward_features(padded))
+        total = gmacs(lambda: model(torch.zeros(1, 3, height, width)))
     return {"trunk_gmacs": trunk, "total_gmacs": total}
 
 
