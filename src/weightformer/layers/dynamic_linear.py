@@ -37,6 +37,7 @@ __all__ = [
     "DeepPredictor",
     "GapPredictor",
     "pool_2x2",
+    "pool_2x2_window",
 ]
 
 
@@ -80,8 +81,14 @@ def pool_2x2(x: Tensor) -> Tensor:
     pool a side of 1; that side is kept as it is (a window of 1 along it), so N' = 1 on a 1×1 grid.
     """
     B, H, W, C = x.shape
-    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), (min(H, 2), min(W, 2)))  # (B, C, H', W')
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), pool_2x2_window(H, W))  # (B, C, H', W')
     return pooled.flatten(2).transpose(1, 2)  # (B, N', C)
+
+
+def pool_2x2_window(H: int, W: int) -> tuple[int, int]:
+    """The window :func:`pool_2x2` pools an H×W grid with: 2×2, or 1 along a side of 1. The pooled grid is
+    ⌊H / window⌋ × ⌊W / window⌋, row-major in the pooled tokens."""
+    return min(H, 2), min(W, 2)
 
 
 class _LowRankPredictor(nn.Module):

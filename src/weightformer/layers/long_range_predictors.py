@@ -52,7 +52,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from .dynamic_dwconv import DWCONV_PREDICTORS
-from .dynamic_linear import LINEAR_PREDICTORS, _LowRankPredictor, pool_2x2
+from .dynamic_linear import LINEAR_PREDICTORS, _LowRankPredictor, pool_2x2, pool_2x2_window
 
 __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "ScorePoolKernelPredictor",
            "ScorePoolPredictor", "double_center"]
@@ -153,7 +153,8 @@ class DoubleCenteredPredictor(BilateralUnitPredictor):
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         _, p_in, p_out = self.activated(x)
         H, W = x.shape[1], x.shape[2]
-        rows, cols = H // min(H, 2), W // min(W, 2)  # the grid pool_2x2 leaves
+        window_h, window_w = pool_2x2_window(H, W)
+        rows, cols = H // window_h, W // window_w  # the grid pool_2x2 leaves
         p_in, p_out = double_center(p_in, rows, cols), double_center(p_out, rows, cols)
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
