@@ -77,25 +77,15 @@ def test_a_meta_built_model_materialises_to_the_directly_built_one(name):
         torch.testing.assert_close(materialised(x), direct(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("linear_predictor", sorted(LINEAR_PREDICTORS))
-def test_every_linear_predictor_is_reset_by_init_weights(linear_predictor):
+@pytest.mark.parametrize(("kind", "predictor"), [("linear_predictor", name) for name in sorted(LINEAR_PREDICTORS)]
+                         + [("dwc_predictor", name) for name in sorted(DWCONV_PREDICTORS)])
+def test_every_predictor_is_reset_by_init_weights(kind, predictor):
     def build():
-        return WeightFormer(**SMALL, dynamic_period=1, linear_predictor=linear_predictor)
+        return WeightFormer(**SMALL, dynamic_period=1, **{kind: predictor})
 
     torch.manual_seed(1)
     direct = build()
     torch.manual_seed(1)
-    _assert_same_state(direct, _materialised(build))
-
-
-@pytest.mark.parametrize("dwc_predictor", sorted(DWCONV_PREDICTORS))
-def test_every_dwconv_predictor_is_reset_by_init_weights(dwc_predictor):
-    def build():
-        return WeightFormer(**SMALL, dynamic_period=1, dwc_predictor=dwc_predictor)
-
-    torch.manual_seed(2)
-    direct = build()
-    torch.manual_seed(2)
     _assert_same_state(direct, _materialised(build))
 
 

@@ -10,7 +10,7 @@ import timm
 __all__ = ["LONG_RANGE_DESIGNS", "long_range_design", "unknown_timm_model"]
 
 # A released backbone -> its long-range design (models/weightformer_long_range.py): the same size with
-# the ``double_centered`` linear predictor in every block. Names only, so a command line can read them without torch.
+# the ``double_centered`` linear predictor in every block.
 LONG_RANGE_DESIGNS = {"weightformer_tiny": "weightformer_long_range_tiny",
                       "weightformer_small": "weightformer_long_range_small"}
 
