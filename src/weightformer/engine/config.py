@@ -120,6 +120,16 @@ class TrainConfig:
         return long_range_design(model)
 
     @classmethod
+    def long_range_predictor(cls, model: str) -> Optional[str]:
+        """The linear predictor ``model`` uses when it is a long-range design (today's default of
+        ``LONG_RANGE_ARGS``), else None."""
+        if cls.long_range_model(model) != model:
+            return None
+        from ..models.weightformer_long_range import LONG_RANGE_ARGS
+
+        return LONG_RANGE_ARGS["linear_predictor"]
+
+    @classmethod
     def long_range_hint(cls) -> str:
         """The models that have a long-range design, for an error message."""
         from ..models.names import LONG_RANGE_DESIGNS
@@ -370,12 +380,11 @@ def resolve_config(
             raise ConfigError(f"--long-range: model {model!r} has no long-range design; use it with "
                               f"{config_class.long_range_hint()}, or name a model without --long-range")
         model = values["model"]
-    if config_class.long_range_model(model) == model:
+    predictor = config_class.long_range_predictor(model)
+    if predictor is not None:
         # A long-range design: its predictor is written into the run's settings (and so into its checkpoints),
         # so the run rebuilds as it trained even if the design's default predictor changes again.
-        from ..models.weightformer_long_range import LONG_RANGE_ARGS
-
-        values["model_kwargs"] = {"linear_predictor": LONG_RANGE_ARGS["linear_predictor"], **model_kwargs}
+        values["model_kwargs"] = {"linear_predictor": predictor, **model_kwargs}
     return validate_config(config_class(**values))
 
 

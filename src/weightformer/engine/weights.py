@@ -294,11 +294,8 @@ def _warn_unnamed_long_range_predictor(task: Any, meta: Mapping[str, Any], sourc
     design used ``centered``: it rebuilds with today's predictor, which the weights' shapes cannot tell apart."""
     config_class = getattr(task, "config_class", None)
     name = meta.get("model")
-    if config_class is None or not name or config_class.long_range_model(name) != name:
-        return
-    if "linear_predictor" not in (meta.get("model_kwargs") or {}):
-        from ..models.weightformer_long_range import LONG_RANGE_ARGS
-
+    predictor = config_class.long_range_predictor(name) if config_class is not None and name else None
+    if predictor is not None and "linear_predictor" not in (meta.get("model_kwargs") or {}):
         print(f"warning: {source} is a {name} that names no linear_predictor; it is rebuilt with today's "
-              f"{LONG_RANGE_ARGS['linear_predictor']!r}. A checkpoint saved before 2026-12-01 was trained with "
-              f"'centered': pass --model-kwargs linear_predictor=centered", file=sys.stderr)
+              f"{predictor!r}. A checkpoint saved before 2026-12-01 was trained with 'centered': pass "
+              f"--model-kwargs linear_predictor=centered", file=sys.stderr)
