@@ -14,7 +14,7 @@ from typing import Union
 
 from ..checkpoint import CheckpointError
 
-__all__ = ["default_task", "get_task", "register_task", "task_names"]
+__all__ = ["default_task", "get_task", "register_task"]
 
 _TASKS: dict[str, Union[str, type]] = {}
 _DEFAULT: list[str] = []
@@ -55,7 +55,3 @@ def default_task() -> type:
         raise CheckpointError("no default task is registered; import weightformer, or pass the task")
     return get_task(_DEFAULT[0])
 
-
-def task_names() -> list[str]:
-    """The names of every registered task, in registration order."""
-    return list(_TASKS)
