@@ -49,8 +49,7 @@ class ClassificationTask(Task):
     @classmethod
     def meta_for_weights(cls, checkpoint: str, state: Mapping[str, Tensor], model: Optional[str],
                          model_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The architecture the user named, with the class and channel counts read off the weights'
-        classifier and stem (timm's pretrained config's for a pretrained model)."""
+        """The model the user named, with the class and channel counts of the weights' head and stem."""
         from .model import pretrained_cfg
 
         if model is None:

@@ -128,9 +128,8 @@ def _shown(value: Any) -> str:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
-    """A flag for each setting of ``task.config_class`` that has help, plus the shared ``--config``,
-    ``--model-kwargs`` and ``--set``. Every default is SUPPRESS: only flags the user gives override the
-    recipe and the config file."""
+    """A flag for each setting of ``task.config_class`` that has help, and ``--config``, ``--model-kwargs``,
+    ``--set``; every default is SUPPRESS, so only the flags given override the recipe and the file."""
     S = argparse.SUPPRESS
     parser.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
                         help="YAML file of settings; flags override it")
@@ -196,8 +195,7 @@ def _run_train(task: Any, args: argparse.Namespace) -> int:
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, command: str, required: bool = True) -> None:
-    """``--checkpoint``, ``--ema`` and ``--device``, the flags of every command that loads a model;
-    ``command`` is the task's (``weightformer det``), for the help."""
+    """``--checkpoint``, ``--ema`` and ``--device``; ``command`` (``weightformer det``) is for the help."""
     parser.add_argument("--checkpoint", required=required,
                         help=f"a last.pt or best.pt written by {command} train")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
@@ -233,8 +231,7 @@ def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
 
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
-    """Print ``result`` as a JSON line, then write it to ``json_path`` (checked before the work);
-    a write that fails after all costs only the file, never the printed numbers. Returns the exit code."""
+    """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file."""
     from .outputs import output_file
 
     print(json.dumps(result), flush=True)
@@ -254,8 +251,7 @@ def _format_warning(message: Warning | str, category: type[Warning], *args: Any,
 
 
 def one_line(exc: BaseException) -> str:
-    """The message of ``exc`` as one line. (A DataError from a DataLoader worker already carries its
-    original one-line message: the error type unwraps torch's re-raise text itself.)"""
+    """The message of ``exc`` as one line."""
     text = str(exc).strip()
     return " ".join(text.splitlines()) if text else type(exc).__name__
 
@@ -269,11 +265,8 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
-    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring.
-
-    Every subcommand's work runs through here once its command line is parsed, so this is where the
-    ``weightformer`` command registers the WeightFormer models with timm (its package import left
-    them out, see :mod:`weightformer`): any ``--model`` name can be a timm name from here on."""
+    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring;
+    every command's work runs here, after the WeightFormer models are registered with timm."""
     previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
         import_module("weightformer.models")  # registers with timm (already done in a library user's process)

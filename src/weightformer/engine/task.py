@@ -41,13 +41,13 @@ class TaskData:
 
     train_set: Dataset  # with set_epoch(epoch) if its augmentation is seeded per epoch
     val_set: Dataset
-    description: str  # e.g. "data mnist: 8000 train / 2000 val images at 28 px"
+    description: str  # one line for the run, e.g. "data D: 8000 train / 2000 val images at 28 px"
     collate_fn: Optional[Callable[[list[Any]], Any]] = None  # None: torch's default collate
     meta: dict[str, Any] = field(default_factory=dict)  # the data's part of the model's meta: classes, channels
 
 
 class Task(ABC):
-    """One kind of training (classification, detection, segmentation, generation, or yours).
+    """One kind of training: what it adds to the shared engine.
 
     ``name`` is what a checkpoint's ``meta["task"]`` says; ``best_metric`` the entry of :meth:`evaluate`
     that picks ``best.pt`` (higher is better unless ``higher_is_better`` is False); ``curve_metrics``
