@@ -38,7 +38,7 @@ from weightformer.data import DataError, SeededTransformDataset
 from weightformer.data.folder import IMG_EXTENSIONS, scan_split
 from weightformer.data.images import image_paths, read_image
 from weightformer.engine import (
-    Command, ConfigError, DistInfo, Recipe, RecipeChoice, Task, TaskData, TrainConfig, autocast, load_model,
+    Command, ConfigError, DistInfo, Recipe, RecipeChoice, Task, TaskCLI, TaskData, TrainConfig, autocast, load_model,
     pick_device, register_task, setting,
 )
 from weightformer.engine import cli
@@ -241,84 +241,6 @@ def build_model(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
 
 
 # -------------------------------------------------------------------------------------------------
-# The task
-# -------------------------------------------------------------------------------------------------
-def _script() -> str:
-    """This file, relative to the working folder when it is inside it."""
-    path = Path(__file__).resolve()
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-class BlobsTask(Task):
-    """Regress the number of bright blobs in an image; ``best.pt`` is the lowest validation MAE."""
-
-    name = "blobs"
-    cli_name = "blobs"
-    config_class = BlobsConfig
-    output_prefix = "blobs_"
-    best_metric = "mae"
-    higher_is_better = False
-    curve_metrics = ("mae", "accuracy")
-    description = "Count the bright blobs in grayscale images (regression): a task defined in one module."
-
-    cfg: BlobsConfig
-
-    @classmethod
-    def command(cls) -> str:
-        return f"python {_script()}"  # not a weightformer subcommand: this module runs itself
-
-    @classmethod
-    def recipes(cls) -> Sequence[Recipe]:
-        return RECIPES
-
-    @classmethod
-    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
-        return choose_recipe(data, settings)
-
-    @classmethod
-    def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
-        return build_model(meta["model"], meta.get("model_kwargs", {}))
-
-    @classmethod
-    def commands(cls) -> Sequence[Command]:
-        return COMMANDS
-
-    def build_data(self, dist_info: DistInfo) -> TaskData:
-        cfg = self.cfg
-        self.img_size = cfg.img_size or SIZE
-        train, val, description = open_blobs(cfg.data, self.img_size, cfg.max_blobs, cfg.synthetic_images,
-                                             cfg.verify_images)
-        train_set = SeededTransformDataset(train, ToTensor(0.0 if cfg.no_aug else cfg.hflip), seed=cfg.seed)
-        return TaskData(train_set, SeededTransformDataset(val, ToTensor()), description, collate_fn=collate)
-
-    def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-        cfg = self.cfg
-        data_name = cfg.data if cfg.data == BUILTIN else str(Path(cfg.data).expanduser().resolve())
-        meta = {"task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
-                "img_size": self.img_size, "data": data_name, "max_blobs": cfg.max_blobs,
-                "synthetic_images": cfg.synthetic_images}
-        return self.model_from_meta(meta).to(device), meta
-
-    def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
-        images, counts = (t.to(device, non_blocking=True) for t in batch)  # (B, 1, H, W), (B,)
-        return F.smooth_l1_loss(model(images), counts), images.shape[0]
-
-    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
-                 dist_info: DistInfo) -> dict[str, float]:
-        return count_metrics(model, loader, device, amp, dist_info)
-
-    def summary(self, metrics: dict[str, Any]) -> str:
-        return (f"MAE {metrics['mae']:.3f}, RMSE {metrics['rmse']:.3f}, exact {100 * metrics['accuracy']:.1f}% "
-                f"({metrics['images']} images)")
-
-    def format_score(self, value: float) -> str:
-        return f"MAE {value:.3f}"
-
-
-# -------------------------------------------------------------------------------------------------
 # Library functions: evaluation and prediction (what the commands call)
 # -------------------------------------------------------------------------------------------------
 @torch.no_grad()
@@ -384,10 +306,19 @@ def predict(checkpoint: str | Path, paths: Sequence[str | Path], batch_size: int
 
 
 # -------------------------------------------------------------------------------------------------
-# Commands: thin layers over the library functions
+# The command line: thin layers over the library functions, and how runs report
 # -------------------------------------------------------------------------------------------------
+def _script() -> str:
+    """This file, relative to the working folder when it is inside it."""
+    path = Path(__file__).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    cli.add_checkpoint_arguments(p, BlobsTask.command())
+    cli.add_checkpoint_arguments(p, CLI.program)
     p.add_argument("--data", help="blobs, or a folder with val/<count>/ (default: the checkpoint's data)")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     cli.add_json_argument(p)
@@ -405,7 +336,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
-    cli.add_checkpoint_arguments(p, BlobsTask.command())
+    cli.add_checkpoint_arguments(p, CLI.program)
     cli.add_json_argument(p)
 
 
@@ -425,6 +356,61 @@ COMMANDS = (
             "Count the blobs in image files (folders searched recursively), read in grayscale at the checkpoint's "
             "resolution.", _add_predict_arguments, _run_predict),
 )
+
+CLI = TaskCLI(
+    program=f"python {_script()}",  # not a weightformer subcommand: this module runs itself
+    description="Count the bright blobs in grayscale images (regression): a task defined in one module.",
+    commands=COMMANDS,
+    summary=lambda m: (f"MAE {m['mae']:.3f}, RMSE {m['rmse']:.3f}, exact {100 * m['accuracy']:.1f}% "
+                       f"({m['images']} images)"),
+    score="MAE {:.3f}",
+)
+
+
+# -------------------------------------------------------------------------------------------------
+# The task
+# -------------------------------------------------------------------------------------------------
+class BlobsTask(Task):
+    """Regress the number of bright blobs in an image; ``best.pt`` is the lowest validation MAE."""
+
+    name = "blobs"
+    config_class = BlobsConfig
+    recipes_module = __name__  # RECIPES and choose_recipe above
+    output_prefix = "blobs_"
+    best_metric = "mae"
+    higher_is_better = False
+    curve_metrics = ("mae", "accuracy")
+    cli = CLI
+
+    cfg: BlobsConfig
+
+    @classmethod
+    def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
+        return build_model(meta["model"], meta.get("model_kwargs", {}))
+
+    def build_data(self, dist_info: DistInfo) -> TaskData:
+        cfg = self.cfg
+        size = cfg.img_size or SIZE
+        train, val, description = open_blobs(cfg.data, size, cfg.max_blobs, cfg.synthetic_images, cfg.verify_images)
+        train_set = SeededTransformDataset(train, ToTensor(0.0 if cfg.no_aug else cfg.hflip), seed=cfg.seed)
+        data = cfg.data if cfg.data == BUILTIN else str(Path(cfg.data).expanduser().resolve())
+        return TaskData(train_set, SeededTransformDataset(val, ToTensor()), description, collate_fn=collate,
+                        meta={"img_size": size, "data": data})  # what the data tells the model's meta
+
+    def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
+        cfg = self.cfg
+        meta = {"task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), **data.meta,
+                "max_blobs": cfg.max_blobs, "synthetic_images": cfg.synthetic_images}
+        return self.model_from_meta(meta).to(device), meta
+
+    def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
+        images, counts = (t.to(device, non_blocking=True) for t in batch)  # (B, 1, H, W), (B,)
+        return F.smooth_l1_loss(model(images), counts), images.shape[0]
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
+                 dist_info: DistInfo) -> dict[str, float]:
+        return count_metrics(model, loader, device, amp, dist_info)
+
 
 register_task(BlobsTask)  # checkpoints say task "blobs": load_model and --resume find the task by that name
 

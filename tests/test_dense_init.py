@@ -56,10 +56,10 @@ def _seg_task(tmp_path: Path, **overrides) -> SegmentationTask:
 def test_segmentation_takes_only_the_backbone_of_a_classifier(tmp_path: Path, classifier_file):
     path, state = classifier_file
     task = _seg_task(tmp_path)
-    model, _ = task.build_model(task.build_data(CPU), torch.device("cpu"))
+    model, meta = task.build_model(task.build_data(CPU), torch.device("cpu"))
     head_before = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(SEG_BACKBONE)}
     assert not _backbone_matches(model, SEG_BACKBONE, state)
-    message = task.init_weights(model, read_checkpoint(path), f"--init {path}")
+    message = task.init_weights(model, meta, read_checkpoint(path), f"--init {path}")
     assert "only its backbone (weightformer_tiny)" in message
     assert _backbone_matches(model, SEG_BACKBONE, state)
     after = model.state_dict()
@@ -70,9 +70,9 @@ def test_another_backbone_is_refused_by_name(tmp_path: Path, classifier_file):
     path, state = classifier_file
     ours = {"meta": {"task": "classification", "model": "deit_tiny_patch16_224"}, "model": state}
     task = _seg_task(tmp_path)
-    model, _ = task.build_model(task.build_data(CPU), torch.device("cpu"))
+    model, meta = task.build_model(task.build_data(CPU), torch.device("cpu"))
     with pytest.raises(CheckpointError, match="holds a deit_tiny_patch16_224.*pass --model deit_tiny_patch16_224"):
-        task.init_weights(model, ours, "--init x.pt")
+        task.init_weights(model, meta, ours, "--init x.pt")
 
 
 def test_detection_init_from_a_classifier_then_from_its_own_checkpoint(tmp_path: Path, classifier_file):

@@ -337,10 +337,10 @@ def test_shipped_coco_configs_name_their_reference_and_protocol(name):
 
 def test_a_checkpoints_meta_rebuilds_its_protocol():
     """build_detector follows meta["protocol"]; a checkpoint saved before the setting (no key) was
-    trained with what is now the torchvision protocol."""
+    trained with what is now the torchvision protocol, which the upgrade of format 0 names."""
     meta = {"model": "weightformer_tiny", "model_kwargs": {"embed_dim": 32, "depth": 2, "conv_dim": 16, "fc_dim": 32},
             "num_classes": 2, "cascade": True, "img_size": 64}
-    old = build_detector(meta)
+    old = build_detector(DetectionTask.upgrade_checkpoint({"meta": meta}, 0)["meta"])
     new = build_detector({**meta, "protocol": "vitdet"})
     assert old.roi_heads.loss_weights == (1.0, 0.5, 0.25) and old.backbone.final_norm
     assert new.roi_heads.loss_weights == (1.0, 1.0, 1.0) and not new.backbone.final_norm

@@ -57,7 +57,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_train_cli_learns_and_eval_cli_reports_it(trained, tmp_path: Path, capsys):
     output, log = trained
     assert log.splitlines()[0].startswith("recipe offline: generated 32 px blobs")
-    assert f"evaluate with: {BlobsTask.command()} eval --checkpoint {output / 'best.pt'}" in log
+    assert f"evaluate with: {BlobsTask.cli.program} eval --checkpoint {output / 'best.pt'}" in log
     result_file = tmp_path / "eval.json"
     assert main(["eval", "--checkpoint", str(output / "best.pt"), "--device", "cpu", "--json", str(result_file)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -109,10 +109,10 @@ def test_max_steps_then_resume_auto_matches_uninterrupted(uninterrupted: Path, t
 # torchrun runs the module's own command line; the task's after_training hook (called on every rank)
 # is replaced here to record each rank's final weights.
 TORCHRUN_SCRIPT = """
-import hashlib, os, sys
+import dataclasses, hashlib, os, sys
 import fifth_task
 
-def record_weights(cls, result, args):
+def record_weights(result, args):
     digest = hashlib.sha256()
     for name, tensor in sorted(result.model.state_dict().items()):
         digest.update(name.encode())
@@ -120,7 +120,7 @@ def record_weights(cls, result, args):
     with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
         f.write(digest.hexdigest())
 
-fifth_task.BlobsTask.after_training = classmethod(record_weights)
+fifth_task.BlobsTask.cli = dataclasses.replace(fifth_task.BlobsTask.cli, after_training=record_weights)
 sys.exit(fifth_task.main(sys.argv[2:]))
 """
 
@@ -147,7 +147,7 @@ def test_help_speaks_of_the_task(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())  # help wraps lines
-    assert out.startswith(f"usage: {BlobsTask.command()}") and "Count the bright blobs" in out
+    assert out.startswith(f"usage: {BlobsTask.cli.program}") and "Count the bright blobs" in out
     assert "{train,eval,predict}" in out
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -157,7 +157,7 @@ def test_help_speaks_of_the_task(capsys):
     assert "imagenet" not in out.lower()
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
-    assert f"a last.pt or best.pt written by {BlobsTask.command()} train" in " ".join(capsys.readouterr().out.split())
+    assert f"a last.pt or best.pt written by {BlobsTask.cli.program} train" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def test_a_blobs_checkpoint_loads_through_the_engine_and_is_refused_by_other_tas
     # The built-in classifier's eval names this task's command line.
     assert weightformer_main(["eval", "--checkpoint", str(best), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert f"is a blobs checkpoint, not a classification one; use it with {BlobsTask.command()}" in err
+    assert f"is a blobs checkpoint, not a classification one; use it with {BlobsTask.cli.program}" in err
 
 
 def test_config_section_and_recipe_for_a_folder(tmp_path: Path, capsys):

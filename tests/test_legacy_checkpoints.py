@@ -1,5 +1,6 @@
-"""Checkpoints written before the whole-task redesign still load into every command: eval, predict,
-sample, export and ``--resume`` (tests/data/legacy_checkpoints/README.md says how they were made)."""
+"""Checkpoints of format 0 (no ``format`` key) load into every command: eval, predict, sample, export and
+``--resume`` (tests/data/legacy_checkpoints/README.md says how they were made); the one upgrade brings
+them to the current format, and a checkpoint of a newer format is refused in one line."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
+from weightformer.checkpoint import save_atomic
 from weightformer.cli import main
-from weightformer.engine import load_model
+from weightformer.engine import CHECKPOINT_FORMAT, load_model, read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,8 +78,8 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     assert "recipe resumed" in out and f"resumed from {run / 'last.pt'}" in out
     after = torch.load(run / "last.pt", weights_only=True)
     assert after["global_step"] == saved["global_step"] + 1
-    # the same model, data and classes: nothing from another recipe. A dense run's meta now names its
-    # protocol (issue 21): a legacy run resumes as the protocol it was trained with.
+    # the same model, data and classes: nothing from another recipe. A dense run's meta names its
+    # protocol: a legacy run resumes as the protocol it was trained with.
     protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
     assert "protocol" not in saved["meta"] and after["meta"] == {**saved["meta"], **protocol}
 
@@ -92,3 +94,45 @@ def test_a_legacy_checkpoint_starts_a_new_run_with_init(tmp_path: Path, capsys):
                  "--img-size", "64", "--batch-size", "2", "--model-kwargs", "embed_dim=16", "depth=2", "conv_dim=16",
                  "fc_dim=32"]) == 0
     assert f"initialised from the weights in {det}" in capsys.readouterr().out
+
+
+
+def test_an_unversioned_checkpoint_is_upgraded_to_the_current_format(tmp_path: Path):
+    saved = torch.load(LEGACY / "det" / "last.pt", weights_only=True)
+    assert "format" not in saved and "protocol" not in saved["meta"] and "det_protocol" not in saved["config"]
+    upgraded = read_checkpoint(LEGACY / "det" / "last.pt")
+    assert upgraded["format"] == CHECKPOINT_FORMAT
+    assert upgraded["meta"] == {**saved["meta"], "protocol": "torchvision"}
+    assert upgraded["config"] == {**saved["config"], "det_protocol": "torchvision"}
+    assert read_checkpoint(LEGACY / "seg" / "best.pt")["meta"]["protocol"] == "simple-pyramid"
+    # The oldest checkpoints name their best score best_<metric>.
+    progress = {k: v for k, v in saved["progress"].items() if k != "best_score"}
+    save_atomic({**saved, "progress": {**progress, "best_bbox_mAP": 0.5}}, tmp_path / "old.pt")
+    assert read_checkpoint(tmp_path / "old.pt")["progress"] == {**progress, "best_score": 0.5}
+
+
+def test_an_unversioned_long_range_checkpoint_that_names_no_predictor_is_rebuilt_with_centered(tmp_path: Path):
+    """Runs of a long-range design wrote no predictor down when ``centered`` was the design's."""
+    import timm
+
+    kwargs = {"patch_size": 4, "embed_dim": 16, "depth": 1}
+    model = timm.create_model("weightformer_long_range_tiny", linear_predictor="centered", num_classes=3, in_chans=1,
+                              **kwargs)
+    meta = {"task": "classification", "model": "weightformer_long_range_tiny", "model_kwargs": kwargs,
+            "num_classes": 3, "in_chans": 1, "img_size": 28}
+    save_atomic({"model": model.state_dict(), "meta": meta}, tmp_path / "old.pt")
+    loaded = load_model(tmp_path / "old.pt", task="classification")
+    assert loaded.meta["model_kwargs"] == {**kwargs, "linear_predictor": "centered"}
+    assert loaded.model.blocks[0].mlp.fc1.predictor_name == "centered"
+    save_atomic({"model": model.state_dict(), "meta": meta, "format": CHECKPOINT_FORMAT}, tmp_path / "new.pt")
+    assert "linear_predictor" not in load_model(tmp_path / "new.pt", task="classification").meta["model_kwargs"]
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path, capsys):
+    saved = torch.load(LEGACY / "cls" / "best.pt", weights_only=True)
+    newer = tmp_path / "newer.pt"
+    save_atomic({**saved, "format": CHECKPOINT_FORMAT + 1}, newer)
+    assert main(["eval", "--checkpoint", str(newer)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {newer} is a checkpoint of format {CHECKPOINT_FORMAT + 1}, and this weightformer reads formats up to "
+        f"{CHECKPOINT_FORMAT}; read it with the newer weightformer that wrote it")

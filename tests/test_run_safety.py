@@ -305,7 +305,7 @@ def test_training_validates_with_the_models_eval_preprocessing(folder):
                          task=classification_task.ClassificationTask).cfg
     task = classification_task.ClassificationTask(cfg)
     data = train_module.build_data(cfg, task, init_distributed("cpu"))
-    assert task.eval_config["crop_mode"] == "squash"  # WeightFormer's pretrained config: the release's resize
+    assert data.task_data.meta["crop_mode"] == "squash"  # WeightFormer's pretrained config: the release's resize
     val_transform = data.task_data.val_set.transform
     image = Image.new("RGB", (40, 20), (10, 200, 30))
     image.paste((250, 0, 0), (0, 0, 4, 20))  # a red band that a shorter-side resize would crop away

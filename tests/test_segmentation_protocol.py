@@ -301,4 +301,5 @@ def test_the_task_builds_the_protocols_model_and_saves_it_in_the_meta(tmp_path: 
     assert isinstance(model.pyramid, MultiBlockPyramid) and meta["protocol"] == "vim"
     assert isinstance(SegmentationTask.model_from_meta(meta).pyramid, MultiBlockPyramid)
     before = {key: value for key, value in meta.items() if key != "protocol"}  # a checkpoint from before --protocol
-    assert isinstance(build_segmenter(before).pyramid, SimpleFeaturePyramid)
+    upgraded = SegmentationTask.upgrade_checkpoint({"meta": before}, 0)["meta"]
+    assert isinstance(build_segmenter(upgraded).pyramid, SimpleFeaturePyramid)

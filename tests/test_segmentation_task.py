@@ -106,7 +106,7 @@ def test_model_meta_loss_and_evaluation(shapes: Path):
     metrics = task.evaluate(model, loader, torch.device("cpu"), "none", CPU)
     assert set(metrics) == {"mIoU", "mAcc", "aAcc", "images"} and metrics["images"] == 3
     json.dumps(metrics, allow_nan=False)
-    assert "mIoU" in task.summary(metrics) and task.format_score(metrics["mIoU"]).startswith("mIoU")
+    assert "mIoU" in task.cli.summary(metrics) and task.cli.format_score(metrics["mIoU"]).startswith("mIoU")
 
     slide = _task(shapes, seg_inference="slide").evaluate(model, loader, torch.device("cpu"), "none", CPU)
     assert 0 <= slide["mIoU"] <= 100
@@ -123,21 +123,21 @@ def test_layer_decay_groups(shapes: Path):
 
 def test_checkpoint_checks(shapes: Path):
     task = _task(shapes)
-    task.build_data(CPU)
-    task.check_checkpoint({"task": "segmentation", "num_classes": 4}, "last.pt")
+    _, meta = task.build_model(task.build_data(CPU), torch.device("cpu"))
+    task.check_checkpoint({"task": "segmentation", "num_classes": 4}, meta, "last.pt")
     with pytest.raises(CheckpointError, match="5 classes"):
-        task.check_checkpoint({"task": "segmentation", "num_classes": 5, "data": "x"}, "last.pt")
+        task.check_checkpoint({"task": "segmentation", "num_classes": 5, "data": "x"}, meta, "last.pt")
 
 
 def test_classes_are_the_datas_when_not_given(shapes: Path, tmp_path: Path, monkeypatch):
     task = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), img_size=32)))
-    assert task.num_classes is None
     data = task.build_data(CPU)
-    assert task.num_classes == 4 and "4 classes (the largest label in its 11 annotations; reduce-zero-label)" in data.description
-    assert SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), num_classes=7))).num_classes == 7
+    assert data.meta["num_classes"] == 4
+    assert "4 classes (the largest label in its 11 annotations; reduce-zero-label)" in data.description
+    given = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), num_classes=7, img_size=32)))
+    assert given.build_data(CPU).meta["num_classes"] == 7
     without = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), reduce_zero_label=False)))
-    without.build_data(CPU)
-    assert without.num_classes == 5  # values 0..4, each a class
+    assert without.build_data(CPU).meta["num_classes"] == 5  # values 0..4, each a class
 
     ade = write_shapes(tmp_path / "ADEChallengeData2016", train=2, val=1)
     rows = ["Idx\tRatio\tTrain\tVal\tName", "1\t0.5\t2\t1\twall", "2\t0.1\t2\t1\tbuilding;edifice",
@@ -145,11 +145,11 @@ def test_classes_are_the_datas_when_not_given(shapes: Path, tmp_path: Path, monk
     (ade / "objectInfo150.txt").write_text("\n".join(rows) + "\n")
     task = SegmentationTask(validate_config(SegmentationConfig(data=str(tmp_path), img_size=32)))
     data = task.build_data(CPU)  # --data is the folder the zip was unpacked in
-    assert task.num_classes == 5 and "5 classes (objectInfo150.txt; reduce-zero-label)" in data.description
-    assert task.classes == ["wall", "building", "sky", "floor", "tree"]
+    assert data.meta["num_classes"] == 5 and "5 classes (objectInfo150.txt; reduce-zero-label)" in data.description
+    assert data.meta["classes"] == ["wall", "building", "sky", "floor", "tree"]
     zero = SegmentationTask(validate_config(SegmentationConfig(data=str(tmp_path), reduce_zero_label=False)))
-    zero.build_data(CPU)
-    assert zero.num_classes == 6 and zero.classes == ["other", "wall", "building", "sky", "floor", "tree"]
+    assert zero.build_data(CPU).meta == {"num_classes": 6,
+                                         "classes": ["other", "wall", "building", "sky", "floor", "tree"]}
 
     monkeypatch.setattr("weightformer.segmentation.data.SCAN_LIMIT", 10)  # 11 annotations: too many to read
     task = SegmentationTask(validate_config(SegmentationConfig(data=str(shapes), img_size=32)))

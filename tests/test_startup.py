@@ -64,7 +64,7 @@ def _help_and_mistakes() -> list[list[str]]:
     runs = [["--help"], [], ["train", "--help"], ["eval", "--help"], ["predict", "--help"]]
     for name, (_, cli) in BUILTIN_TASKS.items():
         runs += [[cli, "--help"], [cli, "train", "--help"]]
-        runs += [[cli, command.name, "--help"] for command in get_task(name).commands()]
+        runs += [[cli, command.name, "--help"] for command in get_task(name).cli.commands]
     runs += [["bench", "--help"], ["export", "--help"], ["ablate", "--help"], ["analyze", "--help"],
              ["analyze", "erf", "--help"], ["analyze", "updates", "--help"], ["analyze", "interaction", "--help"]]
     mistakes = [["train", "--no-such-flag"], ["det", "train", "--epochs", "many"], ["trian"], ["gen", "smaple"],

@@ -30,7 +30,6 @@ TASK_HELP = {
     "seg": "semantic segmentation: train, eval, predict",
     "gen": "class-conditional diffusion (WeightFormer-DiT): train, sample, eval",
 }
-MAIN_TASK = "classification"  # weightformer train|eval|predict
 MAIN_SUBCOMMANDS = {
     "train": "train a classifier (default: WeightFormer on the bundled MNIST, a few minutes on a CPU)",
     "eval": "top-1/top-5/loss/throughput of a classifier checkpoint or pretrained model",

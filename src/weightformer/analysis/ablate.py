@@ -245,9 +245,9 @@ class RunPlan:
 
 def _recorded_settings(path: Path) -> dict[str, Any] | None:
     """The resolved settings a checkpoint of a run was saved with."""
-    from ..engine import read_checkpoint
+    from ..engine import load_model
 
-    config = read_checkpoint(path).get("config")
+    config = load_model(path, task="classification").checkpoint.get("config")
     return dict(config) if isinstance(config, dict) else None
 
 
@@ -398,10 +398,10 @@ def measure_cost(model_name: str, model_kwargs: dict[str, Any], num_classes: int
 def _variant_cost(config: AblationConfig, variant: str) -> dict[str, float]:
     """The cost of a variant, measured from its first run's model and cached in cost.json (measured
     again if the cached one was for another model)."""
-    from ..engine import read_checkpoint
+    from ..engine import load_model
 
     path = config.output / variant / "cost.json"
-    meta = read_checkpoint(config.output / variant / f"seed{config.seeds[0]}" / "last.pt")["meta"]
+    meta = load_model(config.output / variant / f"seed{config.seeds[0]}" / "last.pt", task="classification").meta
     model = {k: meta[k] for k in ("model", "model_kwargs", "num_classes", "in_chans", "img_size")}
     if path.is_file():
         cached = json.loads(path.read_text())

@@ -1,7 +1,5 @@
-"""Classification's ``eval`` and ``predict`` subcommands: flags, and a thin layer over
-:func:`~weightformer.classification.evaluate.evaluate_checkpoint` and
-:func:`~weightformer.classification.predict.predict`. (``train`` is built by the engine from
-:class:`~weightformer.classification.config.ClassificationConfig`.)"""
+"""Classification on the command line: ``weightformer train|eval|predict`` (also ``weightformer cls ...``);
+``eval`` and ``predict`` are thin layers over :func:`.evaluate.evaluate_checkpoint` and :func:`.predict.predict`."""
 
 from __future__ import annotations
 
@@ -11,13 +9,12 @@ import sys
 from pathlib import Path
 
 from ..data.errors import DataError
-from ..engine.cli import add_json_argument, json_path_argument, print_and_write_results
+from ..engine.cli import Command, TaskCLI, add_json_argument, json_path_argument, print_and_write_results
 from ..engine.config import parse_model_kwargs
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
-from ..engine.task import Command
 
-__all__ = ["COMMANDS"]
+__all__ = ["CLI"]
 
 
 def _add_model_source(p: argparse.ArgumentParser) -> None:
@@ -125,4 +122,13 @@ COMMANDS = (
             "Top-k classes of images (files, or folders searched recursively), with class names. Exit code 0: all "
             "files read; 3: some were unreadable (listed, left out); 2: a usage error.",
             _add_predict_arguments, _run_predict),
+)
+
+CLI = TaskCLI(
+    program="weightformer",  # weightformer train|eval|predict (weightformer cls ... is the same)
+    description="Image classification: any timm model (default: WeightFormer) on an ImageFolder tree or a bundled set.",
+    commands=COMMANDS,
+    summary=lambda m: (f"top-1 {m['top1']:.2f}%, top-5 {m['top5']:.2f}% ({m['images']} images), "
+                       f"val loss {m['loss']:.4f}"),
+    score="top-1 {:.2f}%",
 )

@@ -1,24 +1,23 @@
 """Classification as a task: ImageFolder or built-in data with timm's transforms, any timm model,
-Mixup/CutMix with smoothed cross-entropy, top-1/top-5 evaluation, and ``weightformer train|eval|predict``
-(also ``weightformer cls ...``)."""
+Mixup/CutMix with smoothed cross-entropy, top-1/top-5 evaluation (commands: :mod:`.cli`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from ..checkpoint import CheckpointError
-from ..engine.recipes import Recipe, RecipeChoice
-from ..engine.task import Command, Task, TaskData
+from ..engine.recipes import Recipe
+from ..engine.task import Task, TaskData
 from . import recipes
+from .cli import CLI
 from .config import ClassificationConfig
 
-if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+if TYPE_CHECKING:  # imported where they run: the command line needs none of them
     import torch
     from timm.data import Mixup
     from torch import Tensor, nn
     from torch.utils.data import DataLoader, Dataset
 
-    from ..data import DataInfo
     from ..engine.distributed import DistInfo
 
 __all__ = ["ClassificationTask"]
@@ -28,26 +27,18 @@ class ClassificationTask(Task):
     """Train a timm classifier; validation uses the model's own evaluation preprocessing."""
 
     name = "classification"
-    cli_name = "cls"
-    description = "Image classification: any timm model (default: WeightFormer) on an ImageFolder tree or a bundled set."
     config_class = ClassificationConfig
+    recipes_module = recipes.__name__
     best_metric = "top1"
     curve_metrics = ("top1", "top5")
     backbone_path = ""  # the classifier is its own backbone: --layer-decay decays its blocks
+    cli = CLI
 
     cfg: ClassificationConfig
 
     @classmethod
-    def command(cls) -> str:
-        return "weightformer"  # weightformer train|eval|predict (weightformer cls ... is the same)
-
-    @classmethod
     def recipes(cls) -> Sequence[Recipe]:
         return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
-
-    @classmethod
-    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
-        return recipes.choose_recipe(data, settings)
 
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
@@ -58,8 +49,7 @@ class ClassificationTask(Task):
     @classmethod
     def meta_for_weights(cls, checkpoint: str, state: Mapping[str, Tensor], model: Optional[str],
                          model_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The architecture the user named, with the class and channel counts read off the weights'
-        classifier and stem (timm's pretrained config's for a pretrained model)."""
+        """The model the user named, with the class and channel counts of the weights' head and stem."""
         from .model import pretrained_cfg
 
         if model is None:
@@ -76,18 +66,16 @@ class ClassificationTask(Task):
         return meta
 
     @classmethod
-    def commands(cls) -> Sequence[Command]:
-        from .cli import COMMANDS
+    def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
+        from ..models.weightformer_long_range import name_unversioned_predictor
 
-        return COMMANDS
+        return name_unversioned_predictor(checkpoint)
 
     def __init__(self, cfg: ClassificationConfig):
         from torch import nn
 
         super().__init__(cfg)
-        self.info: Optional[DataInfo] = None
         self.img_size = cfg.img_size or 224
-        self.eval_config: dict[str, Any] = {}
         self.mixup: Optional[Mixup] = None
         self.criterion: nn.Module = nn.CrossEntropyLoss()
 
@@ -101,8 +89,7 @@ class ClassificationTask(Task):
 
         cfg = self.cfg
         info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
-        self.info = info
-        self.eval_config = eval_data_config(
+        eval_config = eval_data_config(
             pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=self.img_size,
             interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode, mean=info.mean,
             std=info.std,
@@ -110,7 +97,7 @@ class ClassificationTask(Task):
         train_tf, val_tf = build_transforms(
             self.img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip,
             color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment, reprob=cfg.reprob,
-            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=self.eval_config["crop_mode"],
+            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=eval_config["crop_mode"],
             no_aug=cfg.no_aug,
         )
         train_set: Dataset = SeededTransformDataset(splits["train"], train_tf, seed=cfg.seed)
@@ -126,7 +113,10 @@ class ClassificationTask(Task):
             self.criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
         description = (f"data {info.name}: {len(train_set)} train / {len(val_set)} val images at {self.img_size} px, "
                        f"{info.num_classes} classes")
-        return TaskData(train_set, val_set, description)
+        meta = {"num_classes": info.num_classes, "in_chans": info.in_chans, "data": info.name,
+                "classes": list(info.classes), "mean": list(info.mean), "std": list(info.std),
+                "crop_mode": eval_config["crop_mode"]}
+        return TaskData(train_set, val_set, description, meta=meta)
 
     def model_kwargs(self) -> dict[str, Any]:
         """The user's kwargs, plus img_size for models whose position embeddings fix it (ViT, DeiT, WeightFormer)."""
@@ -141,30 +131,24 @@ class ClassificationTask(Task):
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
         from .model import build_classifier, check_input_size
 
-        cfg, info = self.cfg, self.info
-        assert info is not None, "build_data comes first"
-        meta = {
-            "task": self.name, "model": cfg.model, "model_kwargs": self.model_kwargs(),
-            "num_classes": info.num_classes, "in_chans": info.in_chans, "img_size": self.img_size, "data": info.name,
-            "classes": list(info.classes), "mean": list(info.mean), "std": list(info.std),
-            "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": self.eval_config["crop_mode"],
-        }
+        cfg = self.cfg
+        meta = {"task": self.name, "model": cfg.model, "model_kwargs": self.model_kwargs(), "img_size": self.img_size,
+                "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, **data.meta}
         model = build_classifier(meta).to(device)
         check_input_size(model, meta, device)
         return model, meta
 
-    def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
-        info = self.info
-        assert info is not None, "build_data comes first"
-        if meta.get("in_chans") not in (None, info.in_chans):
+    def check_checkpoint(self, saved: Mapping[str, Any], meta: Mapping[str, Any], source: str,
+                         resuming: bool = True) -> None:
+        if saved.get("in_chans") not in (None, meta["in_chans"]):
             raise CheckpointError(
-                f"{source} was trained on {meta['in_chans']}-channel images and {info.name} has "
-                f"{info.in_chans}-channel images; use data with {meta['in_chans']} channel(s), or start a new run"
+                f"{source} was trained on {saved['in_chans']}-channel images and {meta['data']} has "
+                f"{meta['in_chans']}-channel images; use data with {saved['in_chans']} channel(s), or start a new run"
             )
-        if resuming and meta.get("num_classes") not in (None, info.num_classes):
+        if resuming and saved.get("num_classes") not in (None, meta["num_classes"]):
             raise CheckpointError(
-                f"{source} has {meta['num_classes']} classes and {info.name} has {info.num_classes}; "
-                f"resume on the data set it was trained on ({meta.get('data')})"
+                f"{source} has {saved['num_classes']} classes and {meta['data']} has {meta['num_classes']}; "
+                f"resume on the data set it was trained on ({saved.get('data')})"
             )
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
@@ -181,10 +165,3 @@ class ClassificationTask(Task):
         result = evaluate(model, loader, device, amp, dist_info)
         return {"loss": result["loss"], "top1": result["top1"], "top5": result["top5"],
                 "images": result["num_samples"]}
-
-    def format_score(self, value: float) -> str:
-        return f"top-1 {value:.2f}%"
-
-    def summary(self, metrics: dict[str, Any]) -> str:
-        return (f"top-1 {metrics['top1']:.2f}%, top-5 {metrics['top5']:.2f}% ({metrics['images']} images), "
-                f"val loss {metrics['loss']:.4f}")

@@ -1,21 +1,20 @@
-"""Detection's ``eval`` and ``predict`` subcommands: flags, and a thin layer over
-:func:`~weightformer.detection.evaluation.evaluate_checkpoint` and
-:func:`~weightformer.detection.predict.predict`. (``train`` is built by the engine from
-:class:`~weightformer.detection.config.DetectionConfig`, with ``--visualize`` from
-:meth:`DetectionTask.add_train_arguments <weightformer.detection.task.DetectionTask.add_train_arguments>`.)"""
+"""Detection on the command line: ``weightformer det train|eval|predict``, with ``train --visualize``;
+``eval`` and ``predict`` are thin layers over :func:`.evaluation.evaluate_checkpoint` and :func:`.predict.predict`."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from pathlib import Path
+from typing import Any, Mapping, Optional
 
 from ..engine.cli import (
-    add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument, print_and_write_results,
+    Command, TaskCLI, add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument,
+    print_and_write_results,
 )
-from ..engine.task import Command
+from ..engine.errors import ConfigError
 
-__all__ = ["COMMANDS"]
+__all__ = ["CLI"]
 
 
 def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,4 +73,50 @@ COMMANDS = (
     Command("predict", "detect objects in images, draw them and write them as JSON",
             "Run a detection checkpoint on image files: OUT/<index>_<name>.png with boxes and masks drawn, and "
             "OUT/detections.json.", _add_predict_arguments, _run_predict),
+)
+
+
+def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--visualize", type=int, default=0, metavar="N",
+                        help="after training, draw the detections on N validation images into OUTPUT/visualize/ "
+                             "(default: 0)")
+
+
+def _check_train_arguments(args: argparse.Namespace) -> None:
+    if args.visualize < 0:
+        raise ConfigError(f"--visualize must be 0 or more images, got {args.visualize}")
+
+
+def _after_training(result: Any, args: argparse.Namespace) -> None:
+    """``--visualize N``: the trained model's detections on the first N validation images (drawn once, by
+    the first process under torchrun)."""
+    if not args.visualize or int(os.environ.get("RANK", "0")) != 0:
+        return
+    from ..engine.weights import load_model
+    from .evaluation import val_dataset
+    from .visualize import save_visualizations
+
+    device = next(result.model.parameters()).device
+    loaded = load_model(result.last_checkpoint, task="detection", device=device)
+    meta, out = loaded.meta, Path(result.output) / "visualize"
+    val = val_dataset(meta["data"], run_split=loaded.checkpoint["config"].get("val_split"))
+    paths = save_visualizations(loaded.model, val, out, args.visualize, ["__background__", *meta["classes"]], device)
+    print(f"drew the detections on {len(paths)} val image(s) in {out}")
+
+
+def _percent(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _summary(metrics: Mapping[str, Any]) -> str:
+    return (f"bbox mAP {_percent(metrics['bbox_mAP'])} (AP50 {_percent(metrics['bbox_mAP_50'])}), "
+            f"mask mAP {_percent(metrics['segm_mAP'])} ({metrics['images']} images)")
+
+
+CLI = TaskCLI(
+    program="weightformer det",
+    description=("Detection and instance segmentation: Mask R-CNN and Cascade Mask R-CNN on a timm backbone, on "
+                 "COCO-layout data (COCO 2017 as downloaded) or the offline shapes set."),
+    commands=COMMANDS, summary=_summary, score="bbox mAP {:.2f}", train_arguments=_add_train_arguments,
+    check_train_arguments=_check_train_arguments, after_training=_after_training,
 )

@@ -1,11 +1,7 @@
-"""Detection as a whole task: COCO-layout data (COCO 2017 as downloaded, other split names, or the offline
+"""Detection as a task: COCO-layout data (COCO 2017 as downloaded, other split names, or the offline
 ``shapes`` set), Mask R-CNN or Cascade Mask R-CNN on a timm backbone behind ViTDet's simple feature
-pyramid, COCO box and mask AP, and ``weightformer det train|eval|predict``.
-
-:class:`DetectionTask` is what :func:`weightformer.engine.train` runs (``task=DetectionTask``): its
-settings are :class:`~weightformer.detection.config.DetectionConfig`, its recipes those of
-:mod:`weightformer.detection.recipes`. :func:`training_loss` is the loss of a batch;
-:func:`build_detector` rebuilds a model from a checkpoint's ``meta``.
+pyramid, COCO box and mask AP (commands: :mod:`.cli`). :func:`build_detector` rebuilds a model from a
+checkpoint's ``meta``.
 
 ``model_kwargs`` feeds two builders: ``conv_dim``, ``fc_dim`` and torchvision's ``rpn_*``, ``box_*``
 and ``bbox_*`` options go to :func:`build_maskrcnn`, every other key to the timm backbone.
@@ -13,23 +9,21 @@ and ``bbox_*`` options go to :func:`build_maskrcnn`, every other key to the timm
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import math
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 from ..engine.device import autocast
 from ..engine.errors import ConfigError, model_arguments_checked
-from ..engine.recipes import Recipe, RecipeChoice
-from ..engine.task import Command, Task, TaskData
-from . import recipes, synthetic
-from .config import LEGACY_PROTOCOL, DetectionConfig
+from ..engine.task import Task, TaskData
+from . import synthetic
+from .cli import CLI
+from .config import DetectionConfig
 
-if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+if TYPE_CHECKING:  # imported where they run: the command line needs none of them
     import torch
     from torch import Tensor, nn
     from torch.utils.data import DataLoader
@@ -67,15 +61,13 @@ def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
 
 def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
-    protocol, size), randomly initialised. A keyword or value the builders refuse is a ConfigError.
-    A checkpoint saved before the protocol setting has no ``protocol``: it was trained as the
-    ``torchvision`` protocol builds the detector."""
+    protocol, size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
     from ..models.pyramid import build_backbone
     from .model import build_maskrcnn, detection_pyramid
 
     conv_dim = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
     backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
-    protocol = meta.get("protocol", LEGACY_PROTOCOL)
+    protocol = meta["protocol"]
     what = f"a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']}"
     with model_arguments_checked(what, meta["model_kwargs"]):
         backbone = build_backbone(meta["model"], **backbone_kwargs)
@@ -91,96 +83,42 @@ def _class_names(dataset: CocoDetection, num_classes: int) -> list[str]:
     return names + [f"class{i}" for i in range(len(names) + 1, num_classes + 1)]
 
 
-def _percent(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 class DetectionTask(Task):
     """Train a Mask R-CNN (or, with ``cascade``, a Cascade Mask R-CNN) on COCO-layout data.
 
-    ``det_resize`` picks the image sizes, for training and evaluation:
-
-    - ``lsj`` (ViTDet's): training images get large-scale jitter to ``img_size``² crops (with
-      ``no_aug``, no scale jitter: each image fits the square as it is); the model resizes every image
-      so its long side is ``img_size``.
-    - ``shortest_edge`` (the 1× schedule's): the model resizes every image so its short side is
-      ``img_size`` and its long side at most ``det_max_size``; training adds only flips.
-
-    Flips have probability ``hflip``; all randomness is seeded by (seed, epoch, index).
-    ``num_classes`` counts the categories (None: the annotation file's). The splits are
-    ``train_split`` and ``val_split`` (None: found in the folder, see
-    :func:`~weightformer.detection.data.find_split`).
+    ``det_resize``: ``lsj`` (ViTDet's) trains on large-scale jitter to ``img_size``² crops (``no_aug``:
+    no scale jitter) and the model resizes each image's long side to ``img_size``; ``shortest_edge``
+    (the 1× schedule's) resizes the short side to ``img_size``, the long one to at most
+    ``det_max_size``, and trains with flips only. Randomness is seeded by (seed, epoch, index).
     """
 
     name = "detection"
-    cli_name = "det"
-    description = ("Detection and instance segmentation: Mask R-CNN and Cascade Mask R-CNN on a timm backbone, on "
-                   "COCO-layout data (COCO 2017 as downloaded) or the offline shapes set.")
     config_class = DetectionConfig
+    recipes_module = "weightformer.detection.recipes"
     output_prefix = "det_"
     best_metric = "bbox_mAP"
     curve_metrics = ("bbox_mAP", "bbox_mAP_50", "segm_mAP")
     backbone_path = BACKBONE_PATH
+    cli = CLI
 
     cfg: DetectionConfig
-
-    # ---------------------------------------------------------------------------------------------
-    # The task as a whole
-    # ---------------------------------------------------------------------------------------------
-    @classmethod
-    def recipes(cls) -> Sequence[Recipe]:
-        return recipes.RECIPES
-
-    @classmethod
-    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
-        return recipes.choose_recipe(data, settings)
 
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:
         return build_detector(meta)
 
     @classmethod
-    def commands(cls) -> Sequence[Command]:
-        from .cli import COMMANDS
+    def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
+        """Format 0 may name no protocol: such runs were trained as the ``torchvision`` protocol builds them."""
+        from ..engine.weights import with_missing
+        from ..models.weightformer_long_range import name_unversioned_predictor
 
-        return COMMANDS
+        return name_unversioned_predictor(with_missing(checkpoint, {"protocol": "torchvision"},
+                                                       {"det_protocol": "torchvision"}))
 
-    @classmethod
-    def add_train_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--visualize", type=int, default=0, metavar="N",
-                            help="after training, draw the detections on N validation images into OUTPUT/visualize/ "
-                                 "(default: 0)")
-
-    @classmethod
-    def check_train_arguments(cls, args: argparse.Namespace) -> None:
-        if args.visualize < 0:
-            raise ConfigError(f"--visualize must be 0 or more images, got {args.visualize}")
-
-    @classmethod
-    def after_training(cls, result: Any, args: argparse.Namespace) -> None:
-        """``--visualize N``: the trained model's detections on the first N validation images (drawn once,
-        by the first process under torchrun)."""
-        if not args.visualize or int(os.environ.get("RANK", "0")) != 0:
-            return
-        from ..engine.weights import read_checkpoint
-        from .evaluation import val_dataset
-        from .visualize import save_visualizations
-
-        ckpt = read_checkpoint(result.last_checkpoint)
-        meta, val_split = ckpt["meta"], ckpt["config"].get("val_split")
-        out = Path(result.output) / "visualize"
-        paths = save_visualizations(result.model, val_dataset(meta["data"], run_split=val_split), out, args.visualize,
-                                    ["__background__", *meta["classes"]], next(result.model.parameters()).device)
-        print(f"drew the detections on {len(paths)} val image(s) in {out}")
-
-    # ---------------------------------------------------------------------------------------------
-    # Training
-    # ---------------------------------------------------------------------------------------------
     def __init__(self, cfg: DetectionConfig):
         super().__init__(cfg)
         self.img_size = cfg.img_size or DEFAULT_IMG_SIZE
-        self.val_set: Optional[CocoDetection] = None
-        self.num_classes = 0
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, collate, data_root, find_split
@@ -196,11 +134,10 @@ class DetectionTask(Task):
             raise DataError(f"{val.annotation_file} has no annotated object, so there is no AP to measure; "
                             "the val split needs annotations")
         categories = len(train.category_ids)
-        self.num_classes = cfg.num_classes if cfg.num_classes is not None else categories
-        if self.num_classes < categories:
-            raise ConfigError(f"num_classes {self.num_classes} is fewer than the {categories} categories of "
+        num_classes = cfg.num_classes if cfg.num_classes is not None else categories
+        if num_classes < categories:
+            raise ConfigError(f"num_classes {num_classes} is fewer than the {categories} categories of "
                               f"{train.annotation_file}; drop --num-classes to use the file's")
-        self.val_set = val
         if cfg.det_resize == "lsj":
             scales = (1.0, 1.0) if cfg.no_aug else LSJ_SCALES
             augment: Any = LargeScaleJitter(self.img_size, scales, flip=cfg.hflip)
@@ -211,26 +148,24 @@ class DetectionTask(Task):
         train_set = SeededJitterDataset(train, augment, seed=cfg.seed)
         description = (f"data {cfg.data}: {len(train)} train ({train.split}) / {len(val)} val ({val.split}) images, "
                        f"{categories} categories, {sizes}")
-        return TaskData(train_set, val, description, collate_fn=collate)
+        meta = {"num_classes": num_classes, "classes": _class_names(val, num_classes)}
+        return TaskData(train_set, val, description, collate_fn=collate, meta=meta)
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-        cfg, val = self.cfg, self.val_set
-        assert val is not None, "build_data comes first"
+        cfg = self.cfg
         meta = {
-            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
-            "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
-            "protocol": cfg.det_protocol,
-            "img_size": self.img_size,
+            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), **data.meta,
+            "cascade": cfg.cascade, "protocol": cfg.det_protocol, "img_size": self.img_size,
             "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
             "data": cfg.data if cfg.data == synthetic.SHAPES_NAME else str(Path(cfg.data).expanduser().resolve()),
         }
         return build_detector(meta).to(device), meta
 
-    def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
+    def check_checkpoint(self, saved: Mapping[str, Any], meta: Mapping[str, Any], source: str,
+                         resuming: bool = True) -> None:
         for key, flag in (("num_classes", "--num-classes"), ("cascade", "--cascade")):
-            mine = self.num_classes if key == "num_classes" else self.cfg.cascade
-            if meta.get(key) != mine:
-                raise CheckpointError(f"{source} has {key} {meta.get(key)} and this run {mine}; pass {flag} to "
+            if saved.get(key) != meta[key]:
+                raise CheckpointError(f"{source} has {key} {saved.get(key)} and this run {meta[key]}; pass {flag} to "
                                       f"match it{', or start a new run' if resuming else ''}")
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
@@ -246,10 +181,3 @@ class DetectionTask(Task):
         result: dict[str, Any] = {name: None if math.isnan(metrics[name]) else metrics[name] for name in METRIC_NAMES}
         result["images"] = int(metrics["num_images"])
         return result
-
-    def summary(self, metrics: dict[str, Any]) -> str:
-        return (f"bbox mAP {_percent(metrics['bbox_mAP'])} (AP50 {_percent(metrics['bbox_mAP_50'])}), "
-                f"mask mAP {_percent(metrics['segm_mAP'])} ({metrics['images']} images)")
-
-    def format_score(self, value: float) -> str:
-        return f"bbox mAP {value:.2f}"

@@ -3,9 +3,8 @@
 reads any checkpoint into its task's model; :mod:`.cli` builds each task's command line; the
 settings every run has (:class:`TrainConfig`) and the recipes that fill them.
 
-Each name is imported from its submodule on first use (PEP 562): the command line reads
-:class:`Command`, the config classes and the recipes without importing torch, which most of the
-rest needs."""
+Each name is imported from its submodule on first use (PEP 562), so the command line reads
+:class:`TaskCLI`, the config classes and the recipes without importing torch."""
 
 from .. import _lazy_exports
 
@@ -17,16 +16,17 @@ _EXPORTS = {
     "DistInfo": "distributed", "init_distributed": "distributed",
     "USER_ERRORS": "errors", "ConfigError": "errors",
     "Recipe": "recipes", "RecipeChoice": "recipes",
-    "get_task": "registry", "register_task": "registry", "task_names": "registry",
+    "get_task": "registry", "register_task": "registry",
     "StopFlag": "signals",
-    "Command": "task", "Task": "task", "TaskData": "task",
-    "LoadedModel": "weights", "load_model": "weights", "load_model_state": "weights", "load_weights": "weights",
-    "read_checkpoint": "weights",
+    "Command": "cli", "TaskCLI": "cli", "Task": "task", "TaskData": "task",
+    "CHECKPOINT_FORMAT": "weights", "LoadedModel": "weights", "load_model": "weights",
+    "load_model_state": "weights", "load_weights": "weights", "read_checkpoint": "weights",
     "PreparedRun": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "USER_ERRORS",
     "Command",
     "ConfigError",
@@ -37,6 +37,7 @@ __all__ = [
     "RecipeChoice",
     "StopFlag",
     "Task",
+    "TaskCLI",
     "TaskData",
     "TrainConfig",
     "TrainResult",
@@ -55,7 +56,6 @@ __all__ = [
     "resolve_config",
     "scaled_learning_rates",
     "setting",
-    "task_names",
     "train",
     "validate_config",
 ]

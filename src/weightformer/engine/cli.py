@@ -1,12 +1,12 @@
-"""The command line of every task, built from the task: ``train`` from its config section, its other
-subcommands from :meth:`Task.commands`; the flags every task shares are defined here, once.
+"""The command line of every task, built from the task: ``train`` from its config section and recipes,
+the rest from its :class:`TaskCLI` (``Task.cli``); the flags every task shares are defined here, once.
 
 ``weightformer det train`` gets one flag per setting of ``DetectionConfig`` that has help (the rest
-through ``--set name=value``), each flag's ``(default: ...)`` read off the task's recipes, so help
-never goes stale and always speaks of that task. Exit codes: 0 done; 2 a user's mistake (one
-``error:`` line); 1 a run that failed for another reason: out of memory or a diverged loss (one
-line), or a bug (its traceback, and where to report it); 130 / 143 a run stopped by SIGINT / SIGTERM
-after saving its checkpoint; a task's command may add its own (classification's ``predict``: 3).
+through ``--set name=value``), each flag's ``(default: ...)`` read off the task's recipes. Exit codes:
+0 done; 2 a user's mistake (one ``error:`` line); 1 a run that failed for another reason: out of
+memory or a diverged loss (one line), or a bug (its traceback, and where to report it); 130 / 143 a
+run stopped by SIGINT / SIGTERM after saving its checkpoint; a task's command may add its own
+(classification's ``predict``: 3).
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import sys
 import traceback
 import typing
 import warnings
+from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .config import config_fields, parse_model_kwargs
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 
 __all__ = [
-    "BUG_REPORT", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments", "build_parser",
-    "exit_code", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results", "run_reporting_errors",
-    "train_overrides",
+    "BUG_REPORT", "Command", "TaskCLI", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments",
+    "build_parser", "exit_code", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results",
+    "run_reporting_errors", "train_overrides",
 ]
 
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
@@ -38,9 +39,48 @@ BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem
 _NOT_SETTINGS = ("command", "config_file", "model_kwargs", "model_arg", "set")
 
 
-# -------------------------------------------------------------------------------------------------
-# Parsing: one line for a bad flag, finite numbers only
-# -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Command:
+    """A subcommand of a task besides ``train``: ``add_arguments`` adds its flags, ``run`` does the work
+    from the parsed arguments and returns the exit code."""
+
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def _eval_checkpoint(checkpoint: Path) -> str:
+    return f"eval --checkpoint {checkpoint}"
+
+
+@dataclass(frozen=True)
+class TaskCLI:
+    """How a task is offered on the command line, and how its runs report (``Task.cli``)."""
+
+    program: str  # the command that runs the task: "weightformer det"
+    description: str  # one line: what the task is, for --help
+    commands: Sequence[Command]  # the subcommands beside train
+    summary: Callable[[Mapping[str, Any]], str]  # the metrics of an evaluation as one line, after each epoch
+    score: str  # the best metric's value as the run's last lines print it: "top-1 {:.2f}%"
+    next_step: Callable[[Path], str] = _eval_checkpoint  # the subcommand to run on a checkpoint of the task
+    train_arguments: Callable[[argparse.ArgumentParser], None] = _nothing  # flags of train that are not settings
+    check_train_arguments: Callable[[argparse.Namespace], None] = _nothing  # checks them before the run
+    after_training: Callable[[Any, argparse.Namespace], None] = _nothing  # (TrainResult, those flags) after a run
+
+    def next_command(self, checkpoint: Path) -> str:
+        """What a finished run suggests, and what the wrong-task message of another task points to."""
+        return f"{self.program} {self.next_step(checkpoint)}"
+
+    def format_score(self, value: float) -> str:
+        return self.score.format(value)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as one ``error:`` line naming the command (not the usage block)."""
 
@@ -59,9 +99,6 @@ def finite_float(text: str) -> float:
     return value
 
 
-# -------------------------------------------------------------------------------------------------
-# train: flags from the config section
-# -------------------------------------------------------------------------------------------------
 def _default_text(task: Any, name: str) -> str:
     """``(default: X)``, or, where the recipes differ, ``(default: X (offline); Y (vitdet-coco, small-data))``."""
     spec = config_fields(task.config_class)[name]
@@ -91,9 +128,8 @@ def _shown(value: Any) -> str:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
-    """A flag for each setting of ``task.config_class`` that has help, plus the shared ``--config``,
-    ``--model-kwargs`` and ``--set``. Every default is SUPPRESS: only flags the user gives override the
-    recipe and the config file."""
+    """A flag for each setting of ``task.config_class`` that has help, and ``--config``, ``--model-kwargs``,
+    ``--set``; every default is SUPPRESS, so only the flags given override the recipe and the file."""
     S = argparse.SUPPRESS
     parser.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
                         help="YAML file of settings; flags override it")
@@ -137,7 +173,7 @@ def train_overrides(args: argparse.Namespace, task: Any) -> dict[str, Any]:
 
 
 def _task_arguments(args: argparse.Namespace, task: Any) -> argparse.Namespace:
-    """The flags of :meth:`Task.add_train_arguments` (those that are not settings)."""
+    """The flags of ``task.cli.train_arguments`` (those that are not settings)."""
     fields = config_fields(task.config_class)
     return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
 
@@ -151,19 +187,15 @@ def _run_train(task: Any, args: argparse.Namespace) -> int:
     from .loop import train
 
     extra = _task_arguments(args, task)
-    task.check_train_arguments(extra)
+    task.cli.check_train_arguments(extra)
     result = train(train_overrides(args, task), config_file=getattr(args, "config_file", None), task=task)
     if result.stopped_by is None:
-        task.after_training(result, extra)
+        task.cli.after_training(result, extra)
     return exit_code(result)
 
 
-# -------------------------------------------------------------------------------------------------
-# Shared flags of the other subcommands
-# -------------------------------------------------------------------------------------------------
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, command: str, required: bool = True) -> None:
-    """``--checkpoint``, ``--ema`` and ``--device``, the flags of every command that loads a model;
-    ``command`` is the task's (``weightformer det``), for the help."""
+    """``--checkpoint``, ``--ema`` and ``--device``; ``command`` (``weightformer det``) is for the help."""
     parser.add_argument("--checkpoint", required=required,
                         help=f"a last.pt or best.pt written by {command} train")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
@@ -199,8 +231,7 @@ def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
 
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
-    """Print ``result`` as a JSON line, then write it to ``json_path`` (checked before the work);
-    a write that fails after all costs only the file, never the printed numbers. Returns the exit code."""
+    """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file."""
     from .outputs import output_file
 
     print(json.dumps(result), flush=True)
@@ -215,16 +246,12 @@ def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -
     return 0
 
 
-# -------------------------------------------------------------------------------------------------
-# Errors
-# -------------------------------------------------------------------------------------------------
 def _format_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
     return f"warning: {message}\n"
 
 
 def one_line(exc: BaseException) -> str:
-    """The message of ``exc`` as one line. (A DataError from a DataLoader worker already carries its
-    original one-line message: the error type unwraps torch's re-raise text itself.)"""
+    """The message of ``exc`` as one line."""
     text = str(exc).strip()
     return " ".join(text.splitlines()) if text else type(exc).__name__
 
@@ -238,11 +265,8 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
-    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring.
-
-    Every subcommand's work runs through here once its command line is parsed, so this is where the
-    ``weightformer`` command registers the WeightFormer models with timm (its package import left
-    them out, see :mod:`weightformer`): any ``--model`` name can be a timm name from here on."""
+    """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring;
+    every command's work runs here, after the WeightFormer models are registered with timm."""
     previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
         import_module("weightformer.models")  # registers with timm (already done in a library user's process)
@@ -269,9 +293,6 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         warnings.formatwarning = previous_format
 
 
-# -------------------------------------------------------------------------------------------------
-# A task's whole command line
-# -------------------------------------------------------------------------------------------------
 def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.ArgumentParser:
     """The ``train`` subcommand of ``task`` on the subparsers ``sub``."""
     recipes = "; ".join(f"{r.name}: {r.summary}" for r in task.recipes())
@@ -280,14 +301,14 @@ def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.Argum
         description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
                     f"and why; flags and --config override it.\nRecipes: {recipes}.")
     add_settings_arguments(train, task)
-    task.add_train_arguments(train)
+    task.cli.train_arguments(train)
     return train
 
 
 def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentParser:
     """``weightformer <task>``'s parser: ``train`` and the task's commands."""
-    parser = OneLineParser(prog=prog or task.command(), description=task.description or None)
-    commands = list(task.commands())
+    parser = OneLineParser(prog=prog or task.cli.program, description=task.cli.description or None)
+    commands = list(task.cli.commands)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
                                 metavar="{" + ",".join(["train", *(c.name for c in commands)]) + "}")
     add_train_parser(sub, task)
@@ -309,5 +330,5 @@ def main(task: Any, argv: Optional[Sequence[str]] = None, prog: Optional[str] = 
     del args.command
     if name == "train":
         return run_reporting_errors(lambda: _run_train(task, args), hint_grad_checkpointing=True)
-    command = next(c for c in task.commands() if c.name == name)
+    command = next(c for c in task.cli.commands if c.name == name)
     return run_reporting_errors(lambda: command.run(args))

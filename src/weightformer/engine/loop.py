@@ -1,13 +1,8 @@
-"""The training loop that every task shares, in named steps: data, model and optimizer, restore,
-one epoch, end of epoch, finish.
-
-:func:`train` reads top to bottom: it resolves the config, checks the run folder, then calls
-:func:`build_data`, :func:`build_training`, :func:`restore` (or :func:`init_from_weights`), and
-loops :func:`train_one_epoch` and :func:`end_epoch` before :func:`finish`. What differs between
-tasks (the data, the model, the loss of a step, the evaluation) comes from a
-:class:`~weightformer.engine.task.Task`, which the engine never looks inside. The rest is built from
-timm's parts: ``create_optimizer_v2`` (AdamW, no weight decay on norms and biases, or a task's
-parameter groups), ``create_scheduler_v2`` (cosine, multistep or poly with warm-up, updated every step, applying
+"""The training loop every task shares, read top to bottom: :func:`train` resolves the config, checks
+the run folder, then calls :func:`build_data`, :func:`build_training`, :func:`restore` (or
+:func:`init_from_weights`), and loops :func:`train_one_epoch` and :func:`end_epoch` before
+:func:`finish`. What differs between tasks comes from a :class:`~weightformer.engine.task.Task`. The
+rest is timm's parts: ``create_optimizer_v2``, ``create_scheduler_v2`` (updated every step, applying
 per-group ``lr_scale``), ``ModelEmaV3`` and ``dispatch_clip_grad``.
 """
 
@@ -54,7 +49,7 @@ from .recipes import RESUMED, Recipe, RecipeChoice
 from .registry import get_task
 from .rng import capture_rng, restore_rng
 from .task import Task, TaskData
-from .weights import checkpoint_task, is_training_checkpoint, load_weights, read_checkpoint
+from .weights import CHECKPOINT_FORMAT, checkpoint_task, is_training_checkpoint, load_weights, read_checkpoint
 
 __all__ = ["PreparedRun", "StopFlag", "TrainResult", "prepare_config", "train"]
 
@@ -118,21 +113,15 @@ class RunState:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Mapping[str, Any]) -> "RunState":
-        progress = dict(ckpt["progress"])
-        for key in [k for k in progress if k.startswith("best_") and k not in ("best_score", "best_epoch")]:
-            progress["best_score"] = progress.pop(key)  # written before tasks named their best metric: best_<metric>
-        return cls(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **progress)
+        return cls(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **ckpt["progress"])
 
     def progress(self) -> dict[str, Any]:
         return {"loss_sum": self.loss_sum, "samples": self.samples, "seconds": self.seconds,
                 "best_score": self.best_score, "best_epoch": self.best_epoch}
 
 
-# -------------------------------------------------------------------------------------------------
-# Configuration and the run folder
-# -------------------------------------------------------------------------------------------------
 def _default_output(cfg: TrainConfig, task: type[Task]) -> str:
-    """runs/<data>_<model>, with the task's prefix (det_, seg_) so tasks on the same data never share a folder."""
+    """runs/<prefix><data>_<model>: tasks on the same data never share a folder."""
     return f"runs/{task.output_prefix}{Path(cfg.data).name}_{cfg.model}"
 
 
@@ -194,11 +183,9 @@ def _applied(recipe_values: Mapping[str, Any], layers: tuple[Mapping[str, Any], 
 
 def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Optional[str] = None, *,
                    task: type[Task] | str) -> PreparedRun:
-    """The settings of a run of ``task``, as :func:`train` resolves them: the task's recipe for the data
-    (:meth:`Task.choose_recipe`), under the ``config_file``'s values and then ``overrides`` (the flags).
-    When the run resumes (``resume``: auto with a ``last.pt`` in the output folder, or a path), the
-    checkpoint's own saved settings replace the recipe, so ``--resume auto`` alone continues the same run.
-    """
+    """The settings of a run of ``task`` as :func:`train` resolves them: the task's recipe for the data,
+    under the ``config_file``'s values and then ``overrides`` (the flags). A resumed run's saved settings
+    replace the recipe, so ``--resume auto`` alone continues the same run."""
     task = _task_class(task)
     config_class = task.config_class
     flags = check_layer(config_class, dict(overrides or {}), "the arguments")
@@ -215,9 +202,9 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
         return PreparedRun(cfg, choice, applied)
     ckpt = _read_resume_checkpoint(resume_from, task)
     saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k not in NOT_INHERITED}
-    # The saved settings over the recipe of the saved data (for settings newer than the checkpoint);
+    # The saved settings over the recipe of the run's data (for settings newer than the checkpoint);
     # a saved mapping (model_kwargs) replaces the recipe's whole, never merged into it.
-    try:  # the recipe of the run's data (a --data given now wins), under its saved settings
+    try:
         recipe_values = task.choose_recipe(user.get("data") or saved.get("data") or data, {**saved, **user}).recipe.values
     except USER_ERRORS:  # the data moved or went: the saved settings are the run's; the data scan says what is wrong
         recipe_values = {}
@@ -227,9 +214,6 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
     return PreparedRun(cfg, RecipeChoice(RESUMED, f"--resume continues {resume_from}"), {}, resume_from, ckpt)
 
 
-# -------------------------------------------------------------------------------------------------
-# Entry point
-# -------------------------------------------------------------------------------------------------
 def train(
     config: TrainConfig | Mapping[str, Any],
     config_file: Optional[str] = None,
@@ -237,16 +221,11 @@ def train(
     *,
     task: type[Task] | str,
 ) -> TrainResult:
-    """Train a model of ``task`` as ``config`` says; returns where the checkpoints are and the best score.
-
-    ``task`` is a :class:`~weightformer.engine.task.Task` subclass or a registered task name
-    (``"classification"``, ``"detection"``, ...). ``config`` is a mapping of settings (the task's
-    config fields), layered over the task's recipe for the data and ``config_file`` exactly as the
-    task's ``train`` command layers its flags (see :func:`prepare_config`), or a config object of the
-    task's ``config_class``, used as it is. ``stop``, when set (by SIGINT/SIGTERM, which this handles
-    while it runs, or by the caller), ends the run after the current step with a checkpoint. Works as
-    one process or under torchrun.
-    """
+    """Train a model of ``task`` (a Task subclass or a registered name) as ``config`` says: a mapping of
+    settings, layered over the recipe and ``config_file`` as the ``train`` command layers its flags
+    (:func:`prepare_config`), or a config object of the task's ``config_class``, used as it is. ``stop``,
+    when set (by SIGINT/SIGTERM or the caller), ends the run after the current step with a checkpoint.
+    One process or under torchrun. Returns where the checkpoints are and the best score."""
     task = _task_class(task)
     if isinstance(config, TrainConfig):
         if not isinstance(config, task.config_class):
@@ -331,9 +310,6 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
     return finish(task, training, state, output, stopped_by, dist_info.is_main)
 
 
-# -------------------------------------------------------------------------------------------------
-# Steps
-# -------------------------------------------------------------------------------------------------
 def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:
     """Seed every generator (offset by rank, so ranks draw different masks) and pin the algorithms."""
     seed = cfg.seed + dist_info.rank
@@ -349,8 +325,7 @@ def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:
 
 
 def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
-    """The task's splits, each process's shard of them, and the loaders, with the batch capped at
-    the samples one process sees."""
+    """The task's splits, each process's shard and the loaders; the batch capped at one process's samples."""
     task_data = task.build_data(dist_info)
     n_train, n_val = len(task_data.train_set), len(task_data.val_set)  # type: ignore[arg-type]
     train_sampler = ResumableSampler(n_train, dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.seed)
@@ -371,8 +346,7 @@ def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
 
 
 def build_training(cfg: TrainConfig, task: Task, data: TrainData, dist_info: DistInfo) -> Training:
-    """The task's model, then the optimizer (the task's parameter groups, if any), the per-step
-    schedule (``cfg.sched``), grad scaler and EMA."""
+    """The task's model, the optimizer (on the task's parameter groups, if any), schedule, scaler and EMA."""
     model, meta = task.build_model(data.task_data, dist_info.device)
     if cfg.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
@@ -401,7 +375,7 @@ def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training
     if old.get("model") not in (None, training.meta["model"]):
         raise CheckpointError(f"{source} is a {old['model']} checkpoint, this run builds {training.meta['model']}; "
                               f"pass --model {old['model']} or a new --output")
-    task.check_checkpoint(old, source)
+    task.check_checkpoint(old, training.meta, source)
     load_weights(training.model, ckpt, source=source)
     training.optimizer.load_state_dict(ckpt["optimizer"])
     training.scheduler.load_state_dict(ckpt["scheduler"])
@@ -426,9 +400,8 @@ def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training
 
 
 def init_from_weights(task: Task, training: Training, path: str, dist_info: DistInfo) -> None:
-    """Start a new run from the weights in ``path`` (any format :func:`load_weights` reads), loaded
-    by the task (:meth:`Task.init_weights`: the whole model, or only its backbone)."""
-    loaded = task.init_weights(training.model, read_checkpoint(path), f"--init {path}")
+    """Start a new run from the weights in ``path``, loaded by the task (the whole model, or its backbone)."""
+    loaded = task.init_weights(training.model, training.meta, read_checkpoint(path), f"--init {path}")
     if training.ema is not None:
         training.ema.set(training.model)
     if dist_info.is_main:
@@ -464,11 +437,8 @@ def train_one_epoch(
     cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState, progress: Progress,
     stop: StopFlag, total_steps: int, dist_info: DistInfo,
 ) -> Optional[str]:
-    """Optimizer steps until the epoch ends, ``total_steps`` is reached or a stop is asked for.
-
-    Returns the name of what stopped the run early (a signal), or None. Raises
-    :class:`TrainingDivergedError` when any rank's loss is not finite.
-    """
+    """Optimizer steps until the epoch ends, ``total_steps`` is reached or a stop is asked for; returns the
+    signal that stopped the run early, or None. TrainingDivergedError when any rank's loss is not finite."""
     device = dist_info.device
     data.train_sampler.set_epoch(state.epoch, start=state.step_in_epoch * data.batch_size)
     if hasattr(data.task_data.train_set, "set_epoch"):
@@ -526,7 +496,7 @@ def _divergence_message(loss_value: float, cfg: TrainConfig, data: TrainData, st
 def _checkpoint_state(training: Training, state: RunState, cfg: TrainConfig, dist_info: DistInfo) -> dict[str, Any]:
     rng = all_gather_objects(capture_rng(), dist_info)  # every rank's streams, for exact resume
     return {
-        "model": training.model.state_dict(),
+        "format": CHECKPOINT_FORMAT, "model": training.model.state_dict(),
         "ema": training.ema.state_dict() if training.ema is not None else None,
         "optimizer": training.optimizer.state_dict(), "scheduler": training.scheduler.state_dict(),
         "scaler": training.scaler.state_dict(), "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
@@ -556,11 +526,8 @@ def _evaluation_record(task: Task, data: TrainData, training: Training, state: R
 
 def end_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState,
               progress: Progress, output: Path, dist_info: DistInfo) -> None:
-    """Evaluate, then write metrics.jsonl, last.pt, best.pt (when the task's best metric improved) and curves.png.
-
-    A run that stopped at ``max_steps`` mid-epoch is evaluated too (its record is marked partial)
-    and its checkpoint continues that epoch.
-    """
+    """Evaluate, then write metrics.jsonl, last.pt, best.pt (when the best metric improved) and curves.png;
+    a run stopped at ``max_steps`` mid-epoch is evaluated too (partial) and its checkpoint continues it."""
     epoch_done = state.step_in_epoch == data.steps_per_epoch
     broadcast_buffers(training.model, dist_info)
     if training.ema is not None:
@@ -581,14 +548,14 @@ def end_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training,
     append_metrics(output / "metrics.jsonl", record)
     save_atomic(checkpoint, output / "last.pt")
     if improved:
-        best = {k: checkpoint[k] for k in ("model", "ema", "meta", "config", "epoch", "global_step")}
+        best = {k: checkpoint[k] for k in ("format", "model", "ema", "meta", "config", "epoch", "global_step")}
         save_atomic(best | {k: v for k, v in record.items() if k.startswith("val_")}, output / "best.pt")
     plot_curves(output / "metrics.jsonl", output / "curves.png", [f"val_{name}" for name in task.curve_metrics])
     metrics = {k[len("val_"):]: v for k, v in record.items() if k.startswith("val_")}
-    ema_text = f" (EMA {task.format_score(record[f'val_{task.best_metric}_ema'])})" if training.ema is not None else ""
+    ema = f" (EMA {task.cli.format_score(record[f'val_{task.best_metric}_ema'])})" if training.ema is not None else ""
     progress.write(
-        f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, {task.summary(metrics)}"
-        f"{ema_text}, {record['img_per_s']:.0f} img/s, "
+        f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, {task.cli.summary(metrics)}"
+        f"{ema}, {record['img_per_s']:.0f} img/s, "
         f"elapsed {format_duration(time.perf_counter() - progress.run_start)}"
     )
 
@@ -598,15 +565,15 @@ def finish(task: Task, training: Training, state: RunState, output: Path, stoppe
     """The run's result, and (on the main process) where everything is and what to run next."""
     last_path, best_path = output / "last.pt", output / "best.pt"
     best = state.best_score
-    eval_command = task.next_command(best_path if best is not None else last_path)
+    eval_command = task.cli.next_command(best_path if best is not None else last_path)
     if main:
         if stopped_by is not None:
             print(f"stopped by {stopped_by} at epoch {state.epoch + 1}, step {state.step_in_epoch} (global step "
                   f"{state.global_step}); checkpoint saved to {last_path}\n"
-                  f"resume with: {task.command()} train --output {output} --resume auto")
+                  f"resume with: {task.cli.program} train --output {output} --resume auto")
         else:
             if best is not None:
-                print(f"done: best {task.format_score(best)} at epoch {state.best_epoch}, checkpoint {best_path}")
+                print(f"done: best {task.cli.format_score(best)} at epoch {state.best_epoch}, checkpoint {best_path}")
             print(f"last checkpoint {last_path}; metrics {output / 'metrics.jsonl'}; curves {output / 'curves.png'}")
             print(f"evaluate with: {eval_command}", flush=True)
     return TrainResult(

@@ -1,10 +1,6 @@
-"""Tasks by name: what a checkpoint's ``meta["task"]`` and the command line refer to.
-
-The engine imports no task: the package registers its tasks at import (:mod:`weightformer.tasks`),
-as import paths that are imported only when a task is used, and a task of your own registers itself
-with :func:`register_task`. The *default* task is the one that weights without a task belong to
-(the authors' releases, timm's files, bare state dicts: classifiers).
-"""
+"""Tasks by name, as a checkpoint's ``meta["task"]`` names them: the package registers its own by import
+path (:mod:`weightformer.tasks`), a task of yours registers itself. Weights that name no task (the
+authors', timm's, bare state dicts) are the *default* task's."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from typing import Union
 
 from ..checkpoint import CheckpointError
 
-__all__ = ["default_task", "get_task", "register_task", "task_names"]
+__all__ = ["default_task", "get_task", "register_task"]
 
 _TASKS: dict[str, Union[str, type]] = {}
 _DEFAULT: list[str] = []
@@ -55,7 +51,3 @@ def default_task() -> type:
         raise CheckpointError("no default task is registered; import weightformer, or pass the task")
     return get_task(_DEFAULT[0])
 
-
-def task_names() -> list[str]:
-    """The names of every registered task, in registration order."""
-    return list(_TASKS)

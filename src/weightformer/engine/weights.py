@@ -1,15 +1,12 @@
-"""The one way in for weights: read any checkpoint, check its task once, rebuild its model.
+"""The one way in for weights: :func:`load_model` reads a checkpoint of any format (ours, the authors',
+timm's, safetensors) through :func:`read_checkpoint`, which brings ours to the current format
+(:func:`upgrade_checkpoint`), finds its task from ``meta["task"]`` (none: a classifier's, or the
+expected task's) and checks it with one message, rebuilds the model from the meta and loads the
+weights (:func:`load_weights`). Every command that takes a checkpoint comes through here.
 
-:func:`load_model` reads a checkpoint of any format (ours, the authors', timm's, safetensors), finds
-its task from ``meta["task"]`` (weights without one are a classifier's, or the expected task's),
-checks it against the task the caller expects with one message, rebuilds the model from the meta
-(:meth:`Task.model_from_meta`) and loads the weights through :func:`load_weights`. Every command that
-takes a checkpoint (eval, predict, export, ``gen sample``, ``--init``, ``--resume``) comes through
-here.
+A training checkpoint holds tensors and plain Python values only (``torch.load(weights_only=True)``):
 
-A training checkpoint is a dict of tensors and plain Python values only, so it loads with
-``torch.load(weights_only=True)``:
-
+    format                the checkpoint format (:data:`CHECKPOINT_FORMAT`; absent: 0)
     model, ema            state dicts (ema is None without --ema)
     optimizer, scheduler, scaler
     epoch, step_in_epoch, global_step   where the run stands: epoch index, optimizer steps taken
@@ -18,17 +15,14 @@ A training checkpoint is a dict of tensors and plain Python values only, so it l
     rng                   per-rank generator states (torch, cuda, numpy, python)
     meta                  what rebuilds the model without flags: task, model name, kwargs, classes, data, ...
     config                the resolved run settings as a dict
-
-A model's foreign layouts are translated by the ``checkpoint_filter_fn(state_dict, model)`` of the
-module that defines its class (timm's contract), when the weights do not fit as they are.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -38,6 +32,7 @@ from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_pr
 from .registry import default_task, get_task
 
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "TRAINING_STATE_KEYS",
     "LoadedModel",
     "checkpoint_task",
@@ -48,14 +43,19 @@ __all__ = [
     "load_weights",
     "model_state_from",
     "read_checkpoint",
+    "upgrade_checkpoint",
+    "with_missing",
 ]
+
+CHECKPOINT_FORMAT = 1  # what train writes as checkpoint["format"]; a checkpoint without one is of format 0
 
 # What a checkpoint needs beyond the weights for a run to continue exactly where it stopped.
 TRAINING_STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "step_in_epoch", "global_step", "progress", "rng")
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint without running pickled code (safetensors, or ``torch.load(weights_only=True)``)."""
+    """Load a checkpoint without running pickled code (safetensors, or ``torch.load(weights_only=True)``);
+    one of ours comes back in the current format (:func:`upgrade_checkpoint`)."""
     if os.path.isdir(path):
         raise CheckpointError(
             f"{path} is a folder, not a checkpoint file; pass a file in it such as {os.path.join(path, 'last.pt')}"
@@ -63,7 +63,35 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     obj = load_checkpoint_file(path)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a dict of weights")
-    return obj
+    return upgrade_checkpoint(obj, str(path))
+
+
+def upgrade_checkpoint(checkpoint: dict[str, Any], source: str) -> dict[str, Any]:
+    """``checkpoint`` in the current format: the one upgrade of every older checkpoint of ours (one with a
+    ``meta``; other weights are returned as they are). The loop's own keys are upgraded here, the rest by
+    the checkpoint's task (:meth:`Task.upgrade_checkpoint`). A newer format is refused."""
+    version = checkpoint.get("format", 0)
+    if not isinstance(checkpoint.get("meta"), Mapping) or version == CHECKPOINT_FORMAT:
+        return checkpoint
+    if not isinstance(version, int) or not 0 <= version < CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{source} is a checkpoint of format {version!r}, and this weightformer reads formats "
+                              f"up to {CHECKPOINT_FORMAT}; read it with the newer weightformer that wrote it")
+    checkpoint = dict(checkpoint)
+    if isinstance(checkpoint.get("progress"), Mapping):  # format 0 may name the best score best_<metric>
+        progress = dict(checkpoint["progress"])
+        for key in [k for k in progress if k.startswith("best_") and k not in ("best_score", "best_epoch")]:
+            progress["best_score"] = progress.pop(key)
+        checkpoint["progress"] = progress
+    named = checkpoint["meta"].get("task")
+    checkpoint = (get_task(named) if named else default_task()).upgrade_checkpoint(checkpoint, version)
+    return {**checkpoint, "format": CHECKPOINT_FORMAT}
+
+
+def with_missing(checkpoint: dict[str, Any], meta: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` with the entries of ``meta`` and ``config`` that its own meta and config lack (an upgrade step)."""
+    parts = {"meta": meta, "config": config}
+    return {**checkpoint, **{k: {**defaults, **checkpoint[k]} for k, defaults in parts.items()
+                             if isinstance(checkpoint.get(k), Mapping)}}
 
 
 def is_training_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
@@ -89,11 +117,8 @@ def model_state_from(checkpoint: Mapping[str, Any], use_ema: Optional[bool] = Fa
 
 
 def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-    """Copy ``state`` into ``model``, or raise :class:`CheckpointError` naming what does not match.
-
-    A classifier of another size is reported as a class-count mismatch; other differences list
-    the first missing, unexpected and differently shaped keys.
-    """
+    """Copy ``state`` into ``model``, or raise :class:`CheckpointError` naming what does not match (a
+    classifier of another size as a class-count mismatch, else the first differing keys)."""
     state = strip_wrapper_prefixes(state)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
@@ -135,8 +160,8 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
 
 
 def _checkpoint_filter_fn(model: nn.Module) -> Optional[Callable[..., dict[str, torch.Tensor]]]:
-    """The ``checkpoint_filter_fn(state_dict, model)`` of the module that defines the model's class (it
-    translates foreign checkpoints), if any."""
+    """The ``checkpoint_filter_fn(state_dict, model)`` (timm's: it translates foreign layouts) of the
+    module that defines the model's class, if any."""
     module = sys.modules.get(type(model).__module__)
     return getattr(module, "checkpoint_filter_fn", None)
 
@@ -160,17 +185,11 @@ def load_weights(
     source: Optional[str] = None,
     ignore_classifier: bool = False,
 ) -> list[str]:
-    """Load weights of any format we know into ``model``: the one loader of every entry point.
-
-    ``checkpoint`` is a path (``.pt``/``.pth``/``.bin`` read with ``weights_only``, or
-    ``.safetensors``) or an already-read dict: our ``last.pt``/``best.pt``, the authors' training
-    checkpoints and Hub files, timm/DeiT checkpoints, or a bare state dict, wrapped by DDP or
-    ``torch.compile`` or not. Weights that do not fit as they are go through the model's timm
-    ``checkpoint_filter_fn``, which translates foreign layouts (the authors' keys, for WeightFormer).
-    With ``ignore_classifier``, a classifier of another size is left as initialised (fine-tuning on
-    other classes). Returns the names of the weights left as initialised; raises
-    :class:`CheckpointError` naming whatever else does not fit.
-    """
+    """Load weights of any format we know (a path or a read dict: ours, the authors', timm/DeiT, a bare
+    state dict, wrapped by DDP or ``torch.compile`` or not) into ``model``; weights that do not fit as
+    they are go through the model's ``checkpoint_filter_fn``. With ``ignore_classifier``, a classifier of
+    another size is left as initialised. Returns the names of the weights left as initialised; raises
+    :class:`CheckpointError` naming whatever else does not fit."""
     source = source or (str(checkpoint) if not isinstance(checkpoint, Mapping) else "checkpoint")
     ckpt = checkpoint if isinstance(checkpoint, Mapping) else read_checkpoint(checkpoint)
     state = strip_wrapper_prefixes(model_state_from(ckpt, use_ema, source=source))
@@ -200,11 +219,9 @@ def load_weights(
 def load_backbone_weights(
     model: nn.Module, backbone_path: str, model_name: str, checkpoint: Mapping[str, Any], source: str
 ) -> str:
-    """Load a classifier's weights (``checkpoint``, already read, any format :func:`load_weights`
-    knows: ours, the authors', timm/DeiT) into the timm backbone at ``backbone_path`` inside a dense
-    model; its classifier is dropped and everything outside the backbone keeps its initialisation.
-    ``model_name`` is the backbone's timm name, checked against a checkpoint of ours. Returns what was
-    loaded, as a clause of the run's announcement."""
+    """Load a classifier's weights (a read checkpoint of any format :func:`load_weights` knows) into the
+    timm backbone ``model_name`` at ``backbone_path`` inside a dense model, its classifier dropped; the
+    rest keeps its initialisation. Returns what was loaded, as a clause of the run's announcement."""
     meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
     if meta.get("model") not in (None, model_name):
         raise CheckpointError(f"{source} holds a {meta['model']}, and this run's backbone is {model_name}; "
@@ -232,16 +249,15 @@ def _file_of(source: str) -> str:
 
 
 def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = None) -> Any:
-    """The Task subclass of an already-read ``checkpoint``, checked against ``expected`` (a Task
-    subclass, or None for any). Weights that name no task belong to ``expected``, else to the default
-    task. The one "wrong task" message of every command."""
+    """The Task subclass of a read ``checkpoint`` (none named: ``expected``, else the default task), with
+    the one "wrong task" message of every command when it is not ``expected`` (None: any)."""
     named = (checkpoint.get("meta") or {}).get("task") if isinstance(checkpoint.get("meta"), Mapping) else None
     if named is None:
         return expected if expected is not None else default_task()
     task = get_task(named)
     if expected is not None and task is not expected and task.name != expected.name:
         raise CheckpointError(f"{source} is a {task.name} checkpoint, not a {expected.name} one; use it with "
-                              f"{task.command()} (e.g. {task.next_command(Path(_file_of(source)))})")
+                              f"{task.cli.program} (e.g. {task.cli.next_command(Path(_file_of(source)))})")
     return task
 
 
@@ -254,16 +270,11 @@ def load_model(
     pretrained: bool = False,
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
-    """The model in ``checkpoint``, in eval mode on ``device``: the one reader behind every command.
-
-    ``checkpoint`` is any file :func:`read_checkpoint` reads: our ``last.pt``/``best.pt`` (rebuilt from
-    their ``meta``), the authors' files, timm's, a bare state dict or ``.safetensors`` (these need
-    ``model`` to name the architecture). ``task`` (a Task subclass or a registered name) is the task the
-    caller expects: a checkpoint of another task is refused with one message. ``model`` names another
-    architecture for the weights, ``model_kwargs`` are laid over the saved ones, ``use_ema`` takes the
-    EMA weights (None: the EMA weights if the checkpoint has them). With no checkpoint, ``model`` and ``pretrained``: the model's own pretrained weights
-    (timm's), for tasks that have them. Raises CheckpointError (or ConfigError) naming what is wrong.
-    """
+    """The model in ``checkpoint`` (any file :func:`read_checkpoint` reads; weights without our ``meta``
+    need ``model``), in eval mode on ``device``: the one reader behind every command. ``task`` (a Task
+    subclass or a registered name) is the task the caller expects; ``model`` names another architecture
+    for the weights; ``model_kwargs`` are laid over the saved ones; ``use_ema`` takes the EMA weights
+    (None: if there are any). No checkpoint, ``model`` and ``pretrained``: timm's pretrained weights."""
     expected = get_task(task) if isinstance(task, str) else task
     model_kwargs = dict(model_kwargs or {})
     if checkpoint is None:
@@ -281,21 +292,9 @@ def load_model(
         meta = {}  # another architecture was asked for: keep only the weights, which must then fit it
     if not meta.get("model"):
         meta = owner.meta_for_weights(source, model_state_from(ckpt, False, source), model, model_kwargs)
-    else:
-        meta = owner.override_meta(meta, model_kwargs)
-    _warn_unnamed_long_range_predictor(owner, meta, source)
+    elif model_kwargs:  # the user's model kwargs over the saved ones
+        meta["model_kwargs"] = {**meta.get("model_kwargs", {}), **model_kwargs}
     net = owner.model_from_meta(meta)
     load_weights(net, ckpt, use_ema=use_ema, source=source)
     return LoadedModel(owner, net.to(device).eval(), meta, source, ckpt)
 
-
-def _warn_unnamed_long_range_predictor(task: Any, meta: Mapping[str, Any], source: str) -> None:
-    """A long-range design whose checkpoint names no predictor was saved before runs wrote it down, when the
-    design used ``centered``: it rebuilds with today's predictor, which the weights' shapes cannot tell apart."""
-    config_class = getattr(task, "config_class", None)
-    name = meta.get("model")
-    predictor = config_class.long_range_predictor(name) if config_class is not None and name else None
-    if predictor is not None and "linear_predictor" not in (meta.get("model_kwargs") or {}):
-        print(f"warning: {source} is a {name} that names no linear_predictor; it is rebuilt with today's "
-              f"{predictor!r}. A checkpoint saved before 2026-12-01 was trained with 'centered': pass "
-              f"--model-kwargs linear_predictor=centered", file=sys.stderr)

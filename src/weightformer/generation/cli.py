@@ -1,21 +1,18 @@
-"""Generation's ``sample`` and ``eval`` subcommands: flags, and a thin layer over
-:func:`~weightformer.generation.pipeline.generate` and
-:func:`~weightformer.generation.pipeline.evaluate_samples_file`. (``train`` is built by the engine from
-:class:`~weightformer.generation.config.GenerationConfig`.)"""
+"""Generation on the command line: ``weightformer gen train|sample|eval``; ``sample`` and ``eval`` are thin
+layers over :func:`.pipeline.generate` and :func:`.pipeline.evaluate_samples_file`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..engine.cli import add_json_argument, finite_float, json_path_argument, print_and_write_results
+from ..engine.cli import Command, TaskCLI, add_json_argument, finite_float, json_path_argument, print_and_write_results
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
 from ..engine.run_dir import check_writable_folder
-from ..engine.task import Command
 from .config import GUIDANCE_MODES, SAMPLERS
 
-__all__ = ["COMMANDS"]
+__all__ = ["CLI"]
 
 GUIDANCE_HELP = ("classifier-free guidance scale, at least 1 (1: none); DiT's: 1.5 for FID, 4.0 for pictures "
                  "(default: %(default)s)")
@@ -82,4 +79,16 @@ COMMANDS = (
     Command("eval", "score samples: class accuracy and a feature distance; FID/IS/PR with local Inception weights",
             "Score OUT/samples.npz against the held-out images of the training data.",
             _add_eval_arguments, _run_eval),
+)
+
+CLI = TaskCLI(
+    program="weightformer gen",
+    description=("Class-conditional diffusion with WeightFormer-DiT (or the attention DiT) on the bundled MNIST "
+                 "or an ImageFolder tree: train, sample, evaluate."),
+    commands=COMMANDS,
+    summary=lambda m: (f"val loss {m['loss']:.4f} (mse {m['mse']:.4f} + vb {m['vb']:.4f}, "
+                       f"{m['images']} images)"),
+    score="val loss {:.4f}",
+    # sampling comes first: gen eval scores a folder of samples
+    next_step=lambda checkpoint: f"sample --checkpoint {checkpoint} --out {Path(checkpoint).parent / 'samples'}",
 )

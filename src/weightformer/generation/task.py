@@ -1,10 +1,5 @@
-"""Class-conditional diffusion as a task of the shared loop: images (or cached VAE latents), a
-WeightFormer-DiT (or DiT) variant, DiT's hybrid loss, and the validation loss at fixed noise;
-``weightformer gen train|sample|eval``.
-
-Its recipes (:mod:`.recipes`): the offline MNIST job's for the bundled sets, DiT's for a folder of
-real size, the offline job's settings sized to a smaller folder otherwise.
-"""
+"""Class-conditional diffusion as a task: images (or cached VAE latents), a WeightFormer-DiT (or DiT)
+variant, DiT's hybrid loss, and the validation loss at fixed noise (commands: :mod:`.cli`)."""
 
 from __future__ import annotations
 
@@ -16,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 from ..checkpoint import CheckpointError
 from ..engine.device import autocast
 from ..engine.errors import ConfigError, model_arguments_checked
-from ..engine.recipes import Recipe, RecipeChoice
-from ..engine.task import Command, Task, TaskData
+from ..engine.recipes import Recipe
+from ..engine.task import Task, TaskData
 from . import recipes
+from .cli import CLI
 from .config import GenerationConfig
 
-if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
+if TYPE_CHECKING:  # imported where they run: the command line needs none of them
     import torch
     from torch import Tensor, nn
     from torch.utils.data import DataLoader
@@ -40,24 +36,19 @@ class GenerationTask(Task):
     fixed per sample (lower is better)."""
 
     name = "generation"
-    cli_name = "gen"
-    description = ("Class-conditional diffusion with WeightFormer-DiT (or the attention DiT) on the bundled MNIST "
-                   "or an ImageFolder tree: train, sample, evaluate.")
     config_class = GenerationConfig
+    recipes_module = recipes.__name__
     output_prefix = "gen_"
     best_metric = "loss"
     higher_is_better = False
     curve_metrics = ("loss", "mse")
+    cli = CLI
 
     cfg: GenerationConfig
 
     @classmethod
     def recipes(cls) -> Sequence[Recipe]:
         return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
-
-    @classmethod
-    def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
-        return recipes.choose_recipe(data, settings)
 
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> WeightFormerDiT:
@@ -70,15 +61,11 @@ class GenerationTask(Task):
                               num_classes=meta["num_classes"], **kwargs)
 
     @classmethod
-    def commands(cls) -> Sequence[Command]:
-        from .cli import COMMANDS
+    def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
+        from ..models.weightformer_long_range import name_unversioned_predictor
+        from .variants import LONG_RANGE_VARIANTS
 
-        return COMMANDS
-
-    @classmethod
-    def next_command(cls, checkpoint: Path) -> str:
-        """Sampling comes first: ``gen eval`` scores a folder of samples."""
-        return f"{cls.command()} sample --checkpoint {checkpoint} --out {Path(checkpoint).parent / 'samples'}"
+        return name_unversioned_predictor(checkpoint, LONG_RANGE_VARIANTS.values())
 
     def __init__(self, cfg: GenerationConfig):
         from .data import image_geometry
@@ -87,9 +74,6 @@ class GenerationTask(Task):
         super().__init__(cfg)
         self.geometry = image_geometry(cfg.data, cfg.img_size)
         self.diffusion = GaussianDiffusion(learn_sigma=cfg.model_kwargs.get("learn_sigma", True))
-        self.num_classes = 0
-        self.classes: list[str] = []
-        self.latent: dict[str, Any] | None = None  # vae path, scale factor, channels
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         from torch.utils.data import Subset
@@ -101,7 +85,7 @@ class GenerationTask(Task):
         hflip = 0.0 if cfg.no_aug else cfg.hflip
         info, splits = open_images(cfg.data, geometry, hflip, cfg.seed, verify=cfg.verify_images,
                                    warn=dist_info.is_main)
-        self.num_classes, self.classes = info.num_classes, list(info.classes)
+        latent = None  # vae path, scale factor, channels, downsampling
         space = f"pixels, {geometry.size}² x {geometry.channels}"
         if geometry.pad:
             space += f" ({geometry.size - 2 * geometry.pad} px padded by {geometry.pad})"
@@ -116,38 +100,33 @@ class GenerationTask(Task):
                 splits[split] = encode_split(vae, splits[split], cache, key, cfg.batch_size, dist_info.device,
                                              cfg.seed, dist_info.is_main)
             channels = splits["train"].tensors[0].shape[1]
-            self.latent = {"vae": str(Path(cfg.vae).resolve()), "scale_factor": scale, "channels": channels,
-                           "downsampling": factor}
+            latent = {"vae": str(Path(cfg.vae).resolve()), "scale_factor": scale, "channels": channels,
+                      "downsampling": factor}
             space = f"latents of {cfg.vae} ({channels} x {geometry.size // factor}², scale {scale:g}, cached)"
         val_count = min(VAL_IMAGES, len(splits["val"]))
         flips = f"flips p={hflip:g}" if hflip else "no flips"
         description = (f"data {cfg.data}: {len(splits['train'])} train images ({val_count} val images for the "
                        f"val loss), {info.num_classes} classes, {space}, {flips}")
         val = Subset(splits["val"], range(val_count))
-        return TaskData(splits["train"], val, description)
-
-    def meta(self) -> dict[str, Any]:
-        latent_side = self.geometry.size // self.latent["downsampling"] if self.latent else 0
-        return {
-            "task": self.name, "model": self.cfg.model, "model_kwargs": dict(self.cfg.model_kwargs),
-            "input_size": latent_side if self.latent else self.geometry.size,
-            "in_channels": self.latent["channels"] if self.latent else self.geometry.channels,
-            "num_classes": self.num_classes, "classes": self.classes, "image_size": self.geometry.size,
-            "pad": self.geometry.pad, "image_channels": self.geometry.channels, "latent": self.latent,
-            "data": self.cfg.data if not Path(self.cfg.data).exists() else str(Path(self.cfg.data).resolve()),
-        }
+        meta = {"input_size": geometry.size // latent["downsampling"] if latent else geometry.size,
+                "in_channels": latent["channels"] if latent else geometry.channels,
+                "num_classes": info.num_classes, "classes": list(info.classes), "latent": latent}
+        return TaskData(splits["train"], val, description, meta=meta)
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-        meta = self.meta()
+        cfg, geometry = self.cfg, self.geometry
+        meta = {"task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), **data.meta,
+                "image_size": geometry.size, "pad": geometry.pad, "image_channels": geometry.channels,
+                "data": cfg.data if not Path(cfg.data).exists() else str(Path(cfg.data).resolve())}
         return self.model_from_meta(meta).to(device), meta
 
-    def check_checkpoint(self, meta: dict[str, Any], source: str, resuming: bool = True) -> None:
-        if not meta.get("model"):
+    def check_checkpoint(self, saved: Mapping[str, Any], meta: Mapping[str, Any], source: str,
+                         resuming: bool = True) -> None:
+        if not saved.get("model"):
             return  # --init from weights without our meta (the authors' DiT checkpoints): they must fit the model
-        mine = self.meta()
         for key in ("input_size", "in_channels", "num_classes", "latent"):
-            if meta.get(key) != mine[key]:
-                raise CheckpointError(f"{source} has {key} {meta.get(key)} and this run {mine[key]}; use the data, "
+            if saved.get(key) != meta[key]:
+                raise CheckpointError(f"{source} has {key} {saved.get(key)} and this run {meta[key]}; use the data, "
                                       f"--img-size and --vae it was trained with{', or start a new run' if resuming else ''}")
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
@@ -189,10 +168,3 @@ class GenerationTask(Task):
             n = max(totals[3].item(), 1.0)
             return {"loss": totals[0].item() / n, "mse": totals[1].item() / n, "vb": totals[2].item() / n,
                     "images": int(totals[3].item())}
-
-    def summary(self, metrics: dict[str, Any]) -> str:
-        return (f"val loss {metrics['loss']:.4f} (mse {metrics['mse']:.4f} + vb {metrics['vb']:.4f}, "
-                f"{metrics['images']} images)")
-
-    def format_score(self, value: float) -> str:
-        return f"val loss {value:.4f}"

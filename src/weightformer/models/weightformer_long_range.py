@@ -1,12 +1,15 @@
 """WeightFormer with every block dynamic and the ``double_centered`` (second-order, unit-scaled, border-free)
 linear predictor: the long-range variant of docs/analysis.md, at T and S size."""
 
+from typing import Any, Collection
+
 from timm.models import generate_default_cfgs, register_model
 
 from ..layers import long_range_predictors  # noqa: F401  (registers the double_centered predictor)
 from .weightformer import WeightFormer, _cfg, _create_weightformer
 
-__all__ = ["LONG_RANGE_ARGS", "weightformer_long_range_small", "weightformer_long_range_tiny"]
+__all__ = ["LONG_RANGE_ARGS", "name_unversioned_predictor", "weightformer_long_range_small",
+           "weightformer_long_range_tiny"]
 
 # What the long-range design changes against the released one, at every size.
 LONG_RANGE_ARGS = {"linear_predictor": "double_centered", "dynamic_period": 1}
@@ -63,3 +66,16 @@ def weightformer_long_range_small(pretrained: bool = False, **kwargs) -> WeightF
     """
     return _create_long_range("weightformer_long_range_small", pretrained, {"patch_size": 16, "embed_dim": 384,
                                                                           "depth": 17}, kwargs)
+
+
+def name_unversioned_predictor(checkpoint: dict[str, Any],
+                               designs: Collection[str] = tuple(default_cfgs)) -> dict[str, Any]:
+    """A checkpoint of format 0, upgraded (a task's upgrade step): a long-range design in ``designs`` whose
+    kwargs name no ``linear_predictor`` was trained with ``centered``, the design's predictor before runs
+    wrote theirs down, so its meta and config name it."""
+    meta = checkpoint["meta"]
+    if meta.get("model") not in designs or "linear_predictor" in (meta.get("model_kwargs") or {}):
+        return checkpoint
+    named = {k: {**part, "model_kwargs": {**(part.get("model_kwargs") or {}), "linear_predictor": "centered"}}
+             for k, part in checkpoint.items() if k in ("meta", "config") and isinstance(part, dict)}
+    return {**checkpoint, **named}

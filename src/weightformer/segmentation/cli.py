@@ -1,20 +1,18 @@
-"""Segmentation's ``eval`` and ``predict`` subcommands: flags, and a thin layer over
-:func:`~weightformer.segmentation.evaluation.evaluate_checkpoint` and
-:func:`~weightformer.segmentation.predict.predict`. (``train`` is built by the engine from
-:class:`~weightformer.segmentation.config.SegmentationConfig`.)"""
+"""Segmentation on the command line: ``weightformer seg train|eval|predict``; ``eval`` and ``predict`` are
+thin layers over :func:`.evaluation.evaluate_checkpoint` and :func:`.predict.predict`."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..engine.cli import (
-    add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument, print_and_write_results,
+    Command, TaskCLI, add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument,
+    print_and_write_results,
 )
 from ..engine.device import AMP_MODES
-from ..engine.task import Command
 from .config import INFERENCE_MODES
 
-__all__ = ["COMMANDS"]
+__all__ = ["CLI"]
 
 AS_TRAINED = "(default: as the checkpoint was trained)"
 
@@ -80,4 +78,12 @@ COMMANDS = (
             "Predict image files (or folders of them): writes <out>/<name>.png, a palette PNG in the data set's "
             "annotation encoding, and <out>/<name>_overlay.png.",
             _add_predict_arguments, _run_predict),
+)
+
+CLI = TaskCLI(
+    program="weightformer seg",
+    description="Semantic segmentation: UperNet on a WeightFormer (or any timm) backbone, ADE20K-layout data.",
+    commands=COMMANDS,
+    summary=lambda m: f"mIoU {m['mIoU']:.2f}%, mAcc {m['mAcc']:.2f}%, aAcc {m['aAcc']:.2f}% ({m['images']} images)",
+    score="mIoU {:.2f}%",
 )
