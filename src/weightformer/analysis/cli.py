@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
+from ..engine.outputs import move_aside, write_atomic
+from ..engine.run_dir import check_writable_file
 from .erf import erf_map, erf_stats
 
 if TYPE_CHECKING:  # imported where the tools run: the command line (--help, a bad flag) needs none of them
@@ -161,21 +162,21 @@ def plot_erf_grid(results: list[dict[str, Any]], path: Path, columns: int = 4) -
                      f"r90 {result['stats']['radius_90_rel']:.2f}", fontsize=7)
     fig.suptitle("effective receptive field, log10 of |grad| / max (0 to -6)", fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
+
+
+def _check_outputs(outputs: Sequence[tuple[Path, str]], overwrite: bool) -> None:
+    """Before the work: each (path, flag) can be written, and is free unless ``overwrite``."""
+    for path, flag in outputs:
+        check_writable_file(path, flag)
+        if path.exists() and not overwrite:
+            raise ConfigError(f"{flag} {path} exists; pass --overwrite to move it aside, or another path")
 
 
 def _erf_command(args: argparse.Namespace) -> int:
-    from ..engine.outputs import move_aside
-    from ..engine.run_dir import check_writable_file
-
     png, json_path = Path(args.output), Path(args.json or Path(args.output).with_suffix(".json"))
-    for path, flag in ((png, "--output"), (json_path, "--json")):
-        check_writable_file(path, flag)
-        if path.exists() and not args.overwrite:
-            raise ConfigError(f"{flag} {path} exists; pass --overwrite to move it aside, or another path")
+    _check_outputs(((png, "--output"), (json_path, "--json")), args.overwrite)
     results = erf_report(args.model or DEFAULT_MODELS, data=args.data, num_images=args.num_images,
                          img_size=args.img_size, in_chans=args.in_chans, seed=args.seed)
     for path in (png, json_path):  # the one output policy: an earlier file is moved aside, never replaced
@@ -183,10 +184,8 @@ def _erf_command(args: argparse.Namespace) -> int:
             move_aside(path)
     plot_erf_grid(results, png)
     table = [{"spec": r["spec"], "source": r["source"], **r["stats"]} for r in results]
-    tmp = json_path.with_name(f".{json_path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
-                               "models": table}, indent=2) + "\n")
-    os.replace(tmp, json_path)
+    write_atomic(json_path, json.dumps({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
+                                        "models": table}, indent=2) + "\n")
     for row in table:
         print(f"{row['spec']:<48} outside centre {row['outside_center']:6.1%}  r50 {row['radius_50']:6.1f} px  "
               f"r90 {row['radius_90']:6.1f} px")
@@ -234,8 +233,6 @@ def _interaction_command(args: argparse.Namespace) -> int:
 
 
 def _transfer_command(args: argparse.Namespace) -> int:
-    from ..engine.outputs import move_aside
-    from ..engine.run_dir import check_writable_file
     from .transfer import diagnose_checkpoint, transfer_table, write_transfer
 
     paths = []
@@ -246,10 +243,7 @@ def _transfer_command(args: argparse.Namespace) -> int:
     sizes = sorted(set(args.sizes))
     png = Path(args.output)
     outputs = (png, png.with_suffix(".json"), png.with_suffix(".md"))
-    for path in outputs:
-        check_writable_file(path, "--output")
-        if path.exists() and not args.overwrite:
-            raise ConfigError(f"--output: {path} exists; pass --overwrite to move it aside, or another path")
+    _check_outputs([(path, "--output") for path in outputs], args.overwrite)
     rows = transfer_table(paths, sizes, data=args.data, val=args.val)
     if args.diagnose:
         for row in rows:

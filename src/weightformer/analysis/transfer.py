@@ -18,13 +18,13 @@ Building the command line imports no torch; these functions import it where they
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import ConfigError
+from ..engine.outputs import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -173,10 +173,8 @@ def plot_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], path: Path) 
     ax.set_ylabel("held-out top-1 (%)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) -> tuple[Path, Path]:
@@ -185,9 +183,7 @@ def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) 
     plot_transfer(rows, sizes, png)
     for path, text in ((json_path, json.dumps({"sizes": list(sizes), "rows": rows}, indent=2) + "\n"),
                        (md_path, transfer_markdown(rows, sizes))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     return json_path, md_path
 
 
