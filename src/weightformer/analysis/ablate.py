@@ -486,7 +486,7 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
 
     Writes ``table.md``, ``table.json`` and ``table.png`` into ``config.output`` and returns the rows.
     """
-    from ..engine.progress import progress
+    from ..progress import progress
 
     plans = plan_ablation(config, only, rerun_changed)
     results: dict[str, list[dict[str, Any]]] = {plan.variant: [] for plan in plans}

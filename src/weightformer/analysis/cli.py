@@ -125,7 +125,7 @@ def erf_report(specs: Sequence[str], data: str = "noise", num_images: int = 8, i
     """ERF map and numbers of each model spec: ``[{"spec", "source", "stats", "map"}, ...]``."""
     import torch
 
-    from ..engine.progress import progress
+    from ..progress import progress
 
     check_models(specs, in_chans, img_size)
     out = []

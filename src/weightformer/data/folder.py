@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,8 +22,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from tqdm import tqdm
-
+from ..progress import progress as progress_lines
 from .errors import DataError
 
 __all__ = ["FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "list_images", "load_image_folder", "scan_split"]
@@ -79,18 +77,6 @@ def rgb_loader(path: str) -> Image.Image:
             pixels = np.clip(np.asarray(img), 0, 65535).astype(np.uint32)
             img = Image.fromarray(((pixels + 128) // 257).astype(np.uint8))  # round(x / 257): 65535 -> 255
         return img.convert("RGB")
-
-
-def _progress(show: bool, *, total: int, desc: str, unit: str) -> Any:
-    """Progress of a scan on stderr: on a terminal a tqdm bar that appears only if the scan outlasts
-    PROGRESS_DELAY_S; off one :func:`weightformer.engine.progress.progress`'s plain lines (at most one
-    every 30 s, so a short scan prints none); nothing unless ``show``."""
-    from ..engine.progress import progress  # here, not at the top: the engine's package imports this one
-
-    if show and sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, unit=unit, delay=PROGRESS_DELAY_S, dynamic_ncols=True, leave=False,
-                    file=sys.stderr)
-    return progress(total=total, desc=desc, unit=unit, enabled=show)
 
 
 def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
@@ -157,7 +143,8 @@ def scan_split(
     if not classes:
         raise DataError(f"{split_dir} has no class subfolders; put each class's images in {split_dir}/<class>/")
     per_class: list[list[str]] = []
-    with _progress(progress, total=len(classes), desc=f"listing {split_dir.name}/", unit="class") as bar:
+    with progress_lines(total=len(classes), desc=f"listing {split_dir.name}/", unit="class", enabled=progress,
+                        delay=PROGRESS_DELAY_S) as bar:
         for name in classes:
             per_class.append(list_images(split_dir / name, split_dir))
             bar.update(1)
@@ -167,8 +154,9 @@ def scan_split(
     if verify and candidates:
         chunks = [paths[i : i + VERIFY_CHUNK] for i in range(0, len(paths), VERIFY_CHUNK)]
         readable = []
-        with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool, _progress(
-            progress, total=len(paths), desc=f"checking {split_dir.name}/ images", unit="img"
+        with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool, progress_lines(
+            total=len(paths), desc=f"checking {split_dir.name}/ images", unit="img", enabled=progress,
+            delay=PROGRESS_DELAY_S
         ) as bar:
             for flags in pool.map(_readable_flags, chunks):
                 readable.extend(flags)

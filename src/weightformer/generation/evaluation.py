@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ..engine.progress import progress as progress_lines
+from ..progress import progress as progress_lines
 
 __all__ = ["INCEPTION_FILE", "Judge", "frechet_distance", "inception_metrics", "judge_metrics", "train_judge"]
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ..data.errors import DataError
 from ..engine.errors import ConfigError
-from ..engine.progress import progress as progress_lines
+from ..progress import progress as progress_lines
 
 __all__ = ["decode", "encode_split", "load_vae", "vae_downsampling", "vae_scale_factor"]
 
