@@ -109,7 +109,7 @@ class DetectionTask(Task):
     Flips have probability ``hflip``; all randomness is seeded by (seed, epoch, index).
     ``num_classes`` counts the categories (None: the annotation file's). The splits are
     ``train_split`` and ``val_split`` (None: found in the folder, see
-    :func:`~weightformer.detection.data.find_split`).
+    :func:`~weightformer.detection.layout.find_split`).
     """
 
     name = "detection"
@@ -183,7 +183,9 @@ class DetectionTask(Task):
         self.num_classes = 0
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
-        from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, collate, data_root, find_split
+        from .data import CocoDetection, collate
+        from .layout import data_root, find_split
+        from .transforms import LargeScaleJitter, RandomFlip, SeededJitterDataset
 
         cfg = self.cfg
         root = data_root(cfg.data)
