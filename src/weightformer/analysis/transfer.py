@@ -51,9 +51,7 @@ def probe_at(data: str, size: int, scale: int) -> str:
     DataError (one line) when the probe cannot draw there."""
     from ..data.builtin import probe_spec
 
-    probe, _, text = data.partition(":")
-    kept = [item for item in text.split(",") if item and item.partition("=")[0] not in ("size", "scale")]
-    name = f"{probe}:{','.join([*kept, f'size={size}', f'scale={scale}'])}"
+    name = f"{data.partition(':')[0]}:{','.join([*_options_except(data, 'size', 'scale'), f'size={size}', f'scale={scale}'])}"
     probe_spec(name)  # validates, naming what cannot be drawn
     return name
 
@@ -88,7 +86,7 @@ def _fit_grid(model: nn.Module, size: int) -> None:
 
 
 def probe_batch(data: str, split: str = "val") -> tuple[torch.Tensor, torch.Tensor]:
-    """A probe split as the classifier sees it: images (N, 1, S, S) normalised with the probe's mean and std, labels (N,)."""
+    """A built-in data set's split as a classifier sees it: images (N, 1, S, S) normalised with its mean and std, labels (N,)."""
     import torch
 
     from ..data import open_dataset
@@ -136,8 +134,9 @@ def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None 
     return rows
 
 
-def _options_except(name: str, key: str) -> list[str]:
-    return [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] != key]
+def _options_except(name: str, *keys: str) -> list[str]:
+    """The ``key=value`` options of a data name, without those of ``keys``."""
+    return [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] not in keys]
 
 
 def _label(row: dict[str, Any]) -> str:

@@ -1,13 +1,12 @@
 """A COCO instances file, read and checked before pycocotools indexes it (:func:`open_instances`).
 
 pycocotools' ``COCO.createIndex`` only indexes: a missing key is a KeyError, the last of two images or
-annotations of one id wins without a word, and an RLE is decoded without checking its runs against its
-size. :func:`check_instances` refuses, in one :class:`DataError` line naming the file, the entry and the
-fix, what the loader, the loss or COCOeval would fail on or read as something the file does not say. What
-detectron2 and mmdetection drop, it drops with one :class:`DroppedAnnotationsWarning` line per reason that
-counts them: polygons of fewer than 3 points or of an odd length (and an annotation left with none), and
-annotations of no listed image. A split left with no annotation is a DataError; a missing ``area`` is its
-mask's (:func:`_fill_areas`), which COCOeval needs. Images without annotations stay, as negatives.
+annotations of one id wins silently, and an RLE is decoded without checking its runs against its size.
+:func:`check_instances` refuses, in one :class:`DataError` line naming the file, the entry and the fix,
+what the loader, the loss or COCOeval would fail on or misread; it drops what detectron2 drops (polygons
+of fewer than 3 points or of odd length, an annotation left with none, annotations of no listed image)
+with one :class:`DroppedAnnotationsWarning` line per reason; it fills a missing ``area``, which COCOeval
+needs. A split left with no annotation is a DataError; images without annotations stay, as negatives.
 """
 
 from __future__ import annotations
@@ -143,8 +142,7 @@ class _Check:
                             "and categories; it is not a COCO instances file")
         for key in KEYS:
             if type(content.get(key)) is not list:
-                what = f"has no {key} list" if key not in content else \
-                    f"{key} is a JSON {type(content[key]).__name__}, not a list"
+                what = f"{key} is a JSON {type(content[key]).__name__}, not a list" if key in content else f"no {key} list"
                 raise DataError(f"{path}: {what}; it is not a COCO instances file")
         self.content, self.path = content, path
         self.warnings: list[tuple[str, type[Warning]]] = []
