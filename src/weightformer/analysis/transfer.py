@@ -1,18 +1,15 @@
-"""Resolution transfer of probe classifiers: a checkpoint trained on a probe at one canvas size,
-evaluated with no fine-tuning on larger canvases that draw the SAME glyphs (the probe's ``scale``
-option fixed), so the relation spans more tokens (``weightformer analyze transfer``).
+"""Resolution transfer of probe classifiers (``weightformer analyze transfer``): a checkpoint trained on
+a probe at one canvas size, evaluated with no fine-tuning on larger canvases that draw the SAME glyphs
+(the probe's ``scale`` fixed), so the relation spans more tokens.
 
 - :func:`transfer_table`: held-out accuracy of each checkpoint at each size. WeightFormer takes any
-  size as it is (no position embedding); a timm ViT's position embedding is resampled to the new
-  grid as timm does it (``set_input_size``, i.e. ``timm.layers.resample_abs_pos_embed``).
-- :func:`insert_background` and :func:`swap_diagnosis`: why accuracy falls. A small probe image and
-  the same image with background inserted (glyph pixels identical) are run side by side; each
-  dynamic layer's predicted update (ΔW of a dynamic linear, ΔK of a dynamic depthwise conv), the
-  pooled head feature and the logits are compared, and the large image's forward is repeated with
-  one component at a time replaced by the small image's, which says which component's change costs
-  the accuracy.
+  size as it is; a timm ViT's position embedding is resampled as timm does it (``set_input_size``).
+- :func:`insert_background` and :func:`swap_diagnosis`: why accuracy falls. A small probe image and the
+  same image with background inserted are run side by side; each dynamic layer's update (ΔW, ΔK), the
+  pooled feature and the logits are compared, and the large image's forward is repeated with one
+  component at a time replaced by the small image's.
 
-Building the command line imports no torch; these functions import it where they run.
+These functions import torch where they run, so the command line starts without it.
 """
 
 from __future__ import annotations

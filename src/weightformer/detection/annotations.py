@@ -302,20 +302,18 @@ class _Check:
                             "segmentation or only polygons of fewer than 3 points, e.g. annotation "
                             f"{_ids(maskless)}); Mask R-CNN learns from instance masks: export them (polygons or RLE) "
                             "with the boxes")
+        lines = []
         if orphans:
-            self.warnings.append((f"{self.path}: dropped {len(orphans)} annotation(s) whose image_id is not under "
-                                  f"images (annotation {_ids(orphans)}); they belong to no image of this split",
-                                  DroppedAnnotationsWarning))
+            lines.append(f"{len(orphans)} annotation(s) whose image_id is not under images (annotation "
+                         f"{_ids(orphans)}); they belong to no image of this split")
         if dropped_polygons:
-            self.warnings.append((f"{self.path}: dropped {dropped_polygons} polygon(s) of fewer than 3 points or with "
-                                  f"an odd number of coordinates, as detectron2 does; {len(maskless)} annotation(s) "
-                                  f"were left without a mask and dropped"
-                                  + (f" (annotation {_ids(maskless)})" if maskless else ""),
-                                  DroppedAnnotationsWarning))
+            lines.append(f"{dropped_polygons} polygon(s) of fewer than 3 points or with an odd number of coordinates, "
+                         f"as detectron2 does; {len(maskless)} annotation(s) were left without a mask and dropped"
+                         + (f" (annotation {_ids(maskless)})" if maskless else ""))
         elif maskless:
-            self.warnings.append((f"{self.path}: dropped {len(maskless)} annotation(s) with an empty segmentation "
-                                  f"(annotation {_ids(maskless)}), as detectron2 does: Mask R-CNN needs a mask",
-                                  DroppedAnnotationsWarning))
+            lines.append(f"{len(maskless)} annotation(s) with an empty segmentation (annotation {_ids(maskless)}), "
+                         "as detectron2 does: Mask R-CNN needs a mask")
+        self.warnings += [(f"{self.path}: dropped {line}", DroppedAnnotationsWarning) for line in lines]
 
 
 def check_instances(content: Any, path: Path) -> tuple[dict[str, Any], list[tuple[str, type[Warning]]]]:
