@@ -11,7 +11,7 @@ import torch
 
 from weightformer.detection import synthetic as det_synthetic
 from weightformer.detection.config import DetectionConfig
-from weightformer.detection.data import RandomFlip
+from weightformer.detection.transforms import RandomFlip
 from weightformer.detection.task import DetectionTask
 from weightformer.engine.config import TrainConfig, load_config_file, validate_config
 from weightformer.engine.distributed import DistInfo
@@ -93,7 +93,7 @@ def test_shortest_edge_resizing_reaches_the_detector_and_the_data(tmp_path: Path
     task, loaded, training = _training(tmp_path, epochs=1, det_resize="shortest_edge", det_max_size=96)
     transform = training.model.transform
     assert transform.min_size == (64,) and transform.max_size == 96
-    assert isinstance(loaded.task_data.train_set.transforms, RandomFlip)
+    assert isinstance(loaded.task_data.train_set.transform, RandomFlip)
     image, target = loaded.task_data.train_set[0]  # not cropped: the image keeps its own size
     base_image, _ = loaded.task_data.train_set.base[0]
     assert image.shape == base_image.shape and not math.isnan(float(image.sum()))

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from weightformer.cli import main
 from weightformer.data import DataError
 from weightformer.detection import CocoDetection, collate, synthetic
-from weightformer.detection.data import DroppedAnnotationsWarning
+from weightformer.detection.annotations import DroppedAnnotationsWarning
 from weightformer.detection.evaluation import CocoEvaluator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -250,7 +250,7 @@ def test_a_missing_area_is_the_masks_so_cocoeval_can_score(tmp_path: Path):
 
 
 def test_the_input_content_is_not_changed(tmp_path: Path):
-    from weightformer.detection.data import check_instances
+    from weightformer.detection.annotations import check_instances
 
     content = base_content()
     ann(content, 10)["segmentation"].append([1, 2, 3, 4])
@@ -263,7 +263,7 @@ def test_the_input_content_is_not_changed(tmp_path: Path):
 
 def test_compressed_rles_of_any_mask_pass_and_decode(tmp_path: Path):
     """The check reads COCO's compressed RLE strings as pycocotools does: every encoding of a mask passes."""
-    from weightformer.detection.data import _rle_problem
+    from weightformer.detection.annotations import _rle_problem
 
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -362,7 +362,7 @@ def test_frechet_distance_matches_sqrtm_and_the_closed_form_when_covariances_are
 
 
 class _SlowClock:
-    """``time`` for weightformer.engine.progress: each reading ``step`` seconds after the last."""
+    """``time`` for weightformer.progress: each reading ``step`` seconds after the last."""
 
     def __init__(self, step: float):
         self.now, self.step = 0.0, step
@@ -376,7 +376,7 @@ def test_gen_sample_off_a_terminal_writes_a_few_plain_lines_not_carriage_returns
         folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     """capsys's stderr is no terminal, as a log file, a pipe or CI is. A 250-step sampler used to write a
     tqdm update per step there; now, even as slow as one step a second, it writes one line every 30 s."""
-    import weightformer.engine.progress as progress_module
+    import weightformer.progress as progress_module
 
     run = tmp_path / "run"
     train(_config(folder, run, epochs=1, max_steps=1), task=GenerationTask)

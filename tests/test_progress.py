@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from weightformer.engine.progress import progress
+from weightformer.progress import progress
 
 
 class Terminal(io.StringIO):

@@ -1,5 +1,5 @@
 """Progress in the commands off a terminal (a log file, a pipe, CI: capsys's stderr is none): plain lines
-now and then through :func:`weightformer.engine.progress.progress`, never tqdm's carriage-return
+now and then through :func:`weightformer.progress.progress`, never tqdm's carriage-return
 updates, in ``predict``, ``eval``, ``seg predict``, the judge and latents of ``gen``, and the scan of an
 ImageFolder (whose bar on a terminal still waits PROGRESS_DELAY_S before it appears).
 
@@ -26,7 +26,7 @@ CLASSES = ["circle", "square", "triangle"]
 
 
 class SlowClock:
-    """``time`` for weightformer.engine.progress: each reading 100 s after the last."""
+    """``time`` for weightformer.progress: each reading 100 s after the last."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -43,7 +43,7 @@ class Terminal(io.StringIO):
 
 @pytest.fixture
 def slow_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.import_module("weightformer.engine.progress"), "time", SlowClock())
+    monkeypatch.setattr(importlib.import_module("weightformer.progress"), "time", SlowClock())
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_an_image_folder_scan_writes_plain_lines_off_a_terminal_and_a_delayed_ba
         folder: Path, monkeypatch: pytest.MonkeyPatch, capsys):
     from weightformer.data import folder as folder_module
 
-    clock = importlib.import_module("weightformer.engine.progress")
+    clock = importlib.import_module("weightformer.progress")
     with monkeypatch.context() as slow:
         slow.setattr(clock, "time", SlowClock())
         folder_module.scan_split(folder / "train", progress=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
+from .atomic import write_atomic
 
 __all__ = ["CheckpointError", "load_checkpoint_file", "release_pickle_globals", "save_atomic", "strip_wrapper_prefixes"]
 
@@ -91,23 +91,7 @@ def _unpickling_detail(message: str) -> str:
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync it, then rename it over ``path``."""
+    """``torch.save`` ``obj`` to ``path`` in one step (:func:`weightformer.atomic.write_atomic`)."""
     import torch
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, lambda f: torch.save(obj, f))

@@ -41,6 +41,7 @@ import yaml
 from ..classification.config import ClassificationConfig
 from ..engine.config import SettingsLoader, yaml_reason, config_fields
 from ..engine.errors import USER_ERRORS, ConfigError
+from ..engine.outputs import write_atomic
 
 __all__ = ["AblationConfig", "DuplicateKeyError", "RunPlan", "check_variant_model", "load_ablation", "load_grid_yaml",
            "main", "measure_cost", "plan_ablation", "plan_run", "resolved_settings", "run_ablation", "setting_changes",
@@ -166,13 +167,6 @@ def run_settings(config: AblationConfig, variant: str, seed: int) -> dict[str, A
     settings["model_kwargs"] = {**config.recipe.get("model_kwargs", {}), **config.variants[variant].get("model_kwargs", {})}
     folder = config.output / variant / f"seed{seed}"
     return {**settings, "seed": seed, "output": str(folder), "resume": "auto"}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _last_and_best(metrics_path: Path) -> tuple[float, float, int]:
@@ -368,7 +362,7 @@ def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = Fal
     record = {"variant": variant, "seed": seed, "top1_last": last, "top1_best": best, "epochs": epochs,
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
               "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
-    _write_atomic(folder / "result.json", json.dumps(record, indent=2) + "\n")
+    write_atomic(folder / "result.json", json.dumps(record, indent=2) + "\n")
     return record
 
 
@@ -409,7 +403,7 @@ def _variant_cost(config: AblationConfig, variant: str) -> dict[str, float]:
             return {k: cached[k] for k in ("params", "flops", "img_per_s")}
     cost = measure_cost(meta["model"], meta["model_kwargs"], meta["num_classes"], meta["in_chans"], meta["img_size"],
                         batch=config.throughput_batch)
-    _write_atomic(path, json.dumps({**cost, "for": model}, indent=2) + "\n")
+    write_atomic(path, json.dumps({**cost, "for": model}, indent=2) + "\n")
     return cost
 
 
@@ -459,10 +453,8 @@ def plot_table(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def plan_ablation(config: AblationConfig, only: Sequence[str] | None = None,
@@ -494,7 +486,7 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
 
     Writes ``table.md``, ``table.json`` and ``table.png`` into ``config.output`` and returns the rows.
     """
-    from ..engine.progress import progress
+    from ..progress import progress
 
     plans = plan_ablation(config, only, rerun_changed)
     results: dict[str, list[dict[str, Any]]] = {plan.variant: [] for plan in plans}
@@ -515,8 +507,8 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
     command += f" --only {' '.join(only)}" if only else ""
     header = (f"# ablation {config.name}\n\ncommand: `{command}`\n\n"
               f"recipe: `{json.dumps(config.recipe)}`, seeds {config.seeds}\n\n")
-    _write_atomic(config.output / "table.md", header + table + "\n")
-    _write_atomic(config.output / "table.json", json.dumps(
+    write_atomic(config.output / "table.md", header + table + "\n")
+    write_atomic(config.output / "table.json", json.dumps(
         {"name": config.name, "recipe": config.recipe, "seeds": config.seeds, "rows": rows}, indent=2) + "\n")
     plot_table(rows, config.output / "table.png", config.name)
     return rows

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
+from ..engine.outputs import move_aside, write_atomic
+from ..engine.run_dir import check_writable_file
 from .erf import erf_map, erf_stats
 
 if TYPE_CHECKING:  # imported where the tools run: the command line (--help, a bad flag) needs none of them
@@ -106,15 +107,14 @@ def load_images(data: str, num: int, img_size: int, in_chans: int, seed: int) ->
     a built-in data set (mnist, a probe), normalised and resized to ``img_size``."""
     import torch
 
+    from ..data import BUILTIN_DATASETS
+    from .transfer import probe_batch
+
     if data == "noise":
         return torch.randn(num, in_chans, img_size, img_size, generator=torch.Generator().manual_seed(seed))
-    from ..data import BUILTIN_DATASETS, open_dataset
-
     if data not in BUILTIN_DATASETS:
         raise ConfigError(f"--data {data!r}: use noise or a built-in data set (mnist, glyph_match, ...)")
-    info, splits = open_dataset(data, splits=("val",))
-    raw = torch.from_numpy(splits["val"].images[:num]).float().div(255)[:, None]  # (N, 1, H, W)
-    raw = (raw - info.mean[0]) / info.std[0]
+    raw = probe_batch(data)[0][:num]  # (N, 1, H, W)
     raw = torch.nn.functional.interpolate(raw, size=(img_size, img_size), mode="bilinear", align_corners=False)
     return raw.expand(-1, in_chans, -1, -1).contiguous()
 
@@ -124,7 +124,7 @@ def erf_report(specs: Sequence[str], data: str = "noise", num_images: int = 8, i
     """ERF map and numbers of each model spec: ``[{"spec", "source", "stats", "map"}, ...]``."""
     import torch
 
-    from ..engine.progress import progress
+    from ..progress import progress
 
     check_models(specs, in_chans, img_size)
     out = []
@@ -161,21 +161,21 @@ def plot_erf_grid(results: list[dict[str, Any]], path: Path, columns: int = 4) -
                      f"r90 {result['stats']['radius_90_rel']:.2f}", fontsize=7)
     fig.suptitle("effective receptive field, log10 of |grad| / max (0 to -6)", fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
+
+
+def _check_outputs(outputs: Sequence[tuple[Path, str]], overwrite: bool) -> None:
+    """Before the work: each (path, flag) can be written, and is free unless ``overwrite``."""
+    for path, flag in outputs:
+        check_writable_file(path, flag)
+        if path.exists() and not overwrite:
+            raise ConfigError(f"{flag} {path} exists; pass --overwrite to move it aside, or another path")
 
 
 def _erf_command(args: argparse.Namespace) -> int:
-    from ..engine.outputs import move_aside
-    from ..engine.run_dir import check_writable_file
-
     png, json_path = Path(args.output), Path(args.json or Path(args.output).with_suffix(".json"))
-    for path, flag in ((png, "--output"), (json_path, "--json")):
-        check_writable_file(path, flag)
-        if path.exists() and not args.overwrite:
-            raise ConfigError(f"{flag} {path} exists; pass --overwrite to move it aside, or another path")
+    _check_outputs(((png, "--output"), (json_path, "--json")), args.overwrite)
     results = erf_report(args.model or DEFAULT_MODELS, data=args.data, num_images=args.num_images,
                          img_size=args.img_size, in_chans=args.in_chans, seed=args.seed)
     for path in (png, json_path):  # the one output policy: an earlier file is moved aside, never replaced
@@ -183,10 +183,8 @@ def _erf_command(args: argparse.Namespace) -> int:
             move_aside(path)
     plot_erf_grid(results, png)
     table = [{"spec": r["spec"], "source": r["source"], **r["stats"]} for r in results]
-    tmp = json_path.with_name(f".{json_path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
-                               "models": table}, indent=2) + "\n")
-    os.replace(tmp, json_path)
+    write_atomic(json_path, json.dumps({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
+                                        "models": table}, indent=2) + "\n")
     for row in table:
         print(f"{row['spec']:<48} outside centre {row['outside_center']:6.1%}  r50 {row['radius_50']:6.1f} px  "
               f"r90 {row['radius_90']:6.1f} px")
@@ -234,8 +232,6 @@ def _interaction_command(args: argparse.Namespace) -> int:
 
 
 def _transfer_command(args: argparse.Namespace) -> int:
-    from ..engine.outputs import move_aside
-    from ..engine.run_dir import check_writable_file
     from .transfer import diagnose_checkpoint, transfer_table, write_transfer
 
     paths = []
@@ -246,10 +242,7 @@ def _transfer_command(args: argparse.Namespace) -> int:
     sizes = sorted(set(args.sizes))
     png = Path(args.output)
     outputs = (png, png.with_suffix(".json"), png.with_suffix(".md"))
-    for path in outputs:
-        check_writable_file(path, "--output")
-        if path.exists() and not args.overwrite:
-            raise ConfigError(f"--output: {path} exists; pass --overwrite to move it aside, or another path")
+    _check_outputs([(path, "--output") for path in outputs], args.overwrite)
     rows = transfer_table(paths, sizes, data=args.data, val=args.val)
     if args.diagnose:
         for row in rows:
@@ -263,6 +256,20 @@ def _transfer_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_flags(parser: argparse.ArgumentParser, required: bool, num_images: int | None, img_size: int,
+                 in_chans: int, seed: str) -> None:
+    """The flags that say which models to build and what to feed them."""
+    parser.add_argument("--model", action="append", required=required, metavar="NAME[:k=v,...]|ckpt=PATH",
+                        help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
+    if num_images is not None:
+        parser.add_argument("--data", default="noise", help="noise (default), or a built-in data set's held-out images")
+        parser.add_argument("--num-images", type=int, default=num_images, help=f"images (default: {num_images})")
+    parser.add_argument("--img-size", type=int, default=img_size, help=f"input side in pixels (default: {img_size})")
+    parser.add_argument("--in-chans", type=int, default=in_chans,
+                        help=f"input channels of models built by name (default: {in_chans})")
+    parser.add_argument("--seed", type=int, default=0, help=f"seed of the random init and {seed} (default: 0)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``weightformer analyze erf | updates | interaction | transfer ...``."""
     from ..engine.cli import OneLineParser, run_reporting_errors
@@ -273,13 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          description="Gradient of the centre token's output w.r.t. the input pixels, averaged over "
                                      "images, for each --model (default: every WeightFormer-T predictor, all-static "
                                      "and DeiT-T at random init).")
-    erf.add_argument("--model", action="append", metavar="NAME[:k=v,...]|ckpt=PATH",
-                     help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
-    erf.add_argument("--data", default="noise", help="noise (default), or a built-in data set's held-out images")
-    erf.add_argument("--num-images", type=int, default=8, help="images averaged over (default: 8)")
-    erf.add_argument("--img-size", type=int, default=224, help="input side in pixels (default: 224)")
-    erf.add_argument("--in-chans", type=int, default=3, help="input channels of models built by name (default: 3)")
-    erf.add_argument("--seed", type=int, default=0, help="seed of the random init and the noise images (default: 0)")
+    _model_flags(erf, required=False, num_images=8, img_size=224, in_chans=3, seed="the noise images")
     erf.add_argument("--output", default="erf.png", help="PNG grid to write (default: erf.png)")
     erf.add_argument("--json", help="JSON of the numbers (default: the --output path with .json)")
     erf.add_argument("--overwrite", action="store_true",
@@ -287,24 +288,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     updates = sub.add_parser("updates", help="size and image-dependence of the predicted ΔW / ΔK of dynamic layers",
                              description="For each dynamic layer: mean column norm of the raw and capped update, "
                                          "of the static weight, and the update's spread across images.")
-    updates.add_argument("--model", action="append", required=True, metavar="NAME[:k=v,...]|ckpt=PATH",
-                         help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
-    updates.add_argument("--data", default="noise", help="noise (default), or a built-in data set's held-out images")
-    updates.add_argument("--num-images", type=int, default=32, help="images (default: 32)")
-    updates.add_argument("--img-size", type=int, default=224, help="input side in pixels (default: 224)")
-    updates.add_argument("--in-chans", type=int, default=3, help="input channels of models built by name (default: 3)")
-    updates.add_argument("--seed", type=int, default=0, help="seed of the random init and noise (default: 0)")
+    _model_flags(updates, required=True, num_images=32, img_size=224, in_chans=3, seed="noise")
     inter = sub.add_parser("interaction", help="do glyphs at opposite edges interact in the pooled features?",
                            description="The cross term φ(AA) − φ(AB) − φ(BA) + φ(BB) of the pooled features over "
                                        "left/right glyph swaps, relative to the left glyph's own effect: 0 for a "
                                        "model that only sums local features (see weightformer.analysis.interaction).")
-    inter.add_argument("--model", action="append", required=True, metavar="NAME[:k=v,...]|ckpt=PATH",
-                       help="a timm model with kwargs, or a weightformer train checkpoint; repeat for more")
-    inter.add_argument("--img-size", type=int, default=48, help="image side in pixels (default: 48)")
-    inter.add_argument("--in-chans", type=int, default=1, help="input channels of models built by name (default: 1)")
+    _model_flags(inter, required=True, num_images=None, img_size=48, in_chans=1, seed="placements")
     inter.add_argument("--placements", type=int, default=16, help="random glyph placements (default: 16)")
     inter.add_argument("--glyphs", type=int, default=2, help="glyphs to draw pairs from, 2-10 (default: 2)")
-    inter.add_argument("--seed", type=int, default=0, help="seed of the random init and placements (default: 0)")
     transfer = sub.add_parser("transfer", help="probe checkpoints on larger canvases with the same glyphs (no fine-tuning)",
                               description="Held-out accuracy of each probe checkpoint at each --sizes canvas, the glyphs "
                                           "drawn at the scale the checkpoint was trained with (the probe's scale option), "

@@ -1,30 +1,27 @@
-"""Resolution transfer of probe classifiers: a checkpoint trained on a probe at one canvas size,
-evaluated with no fine-tuning on larger canvases that draw the SAME glyphs (the probe's ``scale``
-option fixed), so the relation spans more tokens (``weightformer analyze transfer``).
+"""Resolution transfer of probe classifiers (``weightformer analyze transfer``): a checkpoint trained on
+a probe at one canvas size, evaluated with no fine-tuning on larger canvases that draw the SAME glyphs
+(the probe's ``scale`` fixed), so the relation spans more tokens.
 
 - :func:`transfer_table`: held-out accuracy of each checkpoint at each size. WeightFormer takes any
-  size as it is (no position embedding); a timm ViT's position embedding is resampled to the new
-  grid as timm does it (``set_input_size``, i.e. ``timm.layers.resample_abs_pos_embed``).
-- :func:`insert_background` and :func:`swap_diagnosis`: why accuracy falls. A small probe image and
-  the same image with background inserted (glyph pixels identical) are run side by side; each
-  dynamic layer's predicted update (ΔW of a dynamic linear, ΔK of a dynamic depthwise conv), the
-  pooled head feature and the logits are compared, and the large image's forward is repeated with
-  one component at a time replaced by the small image's, which says which component's change costs
-  the accuracy.
+  size as it is; a timm ViT's position embedding is resampled as timm does it (``set_input_size``).
+- :func:`insert_background` and :func:`swap_diagnosis`: why accuracy falls. A small probe image and the
+  same image with background inserted are run side by side; each dynamic layer's update (ΔW, ΔK), the
+  pooled feature and the logits are compared, and the large image's forward is repeated with one
+  component at a time replaced by the small image's.
 
-Building the command line imports no torch; these functions import it where they run.
+These functions import torch where they run, so the command line starts without it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import ConfigError
+from ..engine.outputs import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -51,9 +48,7 @@ def probe_at(data: str, size: int, scale: int) -> str:
     DataError (one line) when the probe cannot draw there."""
     from ..data.builtin import probe_spec
 
-    probe, _, text = data.partition(":")
-    kept = [item for item in text.split(",") if item and item.partition("=")[0] not in ("size", "scale")]
-    name = f"{probe}:{','.join([*kept, f'size={size}', f'scale={scale}'])}"
+    name = f"{data.partition(':')[0]}:{','.join([*_options_except(data, 'size', 'scale'), f'size={size}', f'scale={scale}'])}"
     probe_spec(name)  # validates, naming what cannot be drawn
     return name
 
@@ -88,7 +83,7 @@ def _fit_grid(model: nn.Module, size: int) -> None:
 
 
 def probe_batch(data: str, split: str = "val") -> tuple[torch.Tensor, torch.Tensor]:
-    """A probe split as the classifier sees it: images (N, 1, S, S) normalised with the probe's mean and std, labels (N,)."""
+    """A built-in data set's split as a classifier sees it: images (N, 1, S, S) normalised with its mean and std, labels (N,)."""
     import torch
 
     from ..data import open_dataset
@@ -136,8 +131,9 @@ def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None 
     return rows
 
 
-def _options_except(name: str, key: str) -> list[str]:
-    return [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] != key]
+def _options_except(name: str, *keys: str) -> list[str]:
+    """The ``key=value`` options of a data name, without those of ``keys``."""
+    return [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] not in keys]
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -173,10 +169,8 @@ def plot_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], path: Path) 
     ax.set_ylabel("held-out top-1 (%)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) -> tuple[Path, Path]:
@@ -185,9 +179,7 @@ def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) 
     plot_transfer(rows, sizes, png)
     for path, text in ((json_path, json.dumps({"sizes": list(sizes), "rows": rows}, indent=2) + "\n"),
                        (md_path, transfer_markdown(rows, sizes))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     return json_path, md_path
 
 

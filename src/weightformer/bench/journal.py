@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from ..engine.outputs import write_atomic
+
 JOURNAL_NAME = "points.jsonl"
 FORMAT = "weightformer bench points, version 1"
 
@@ -34,21 +36,6 @@ def _differences(old: Dict[str, Any], new: Dict[str, Any], prefix: str = "") -> 
             yield from _differences(a, b, f"{prefix}{name}.")
         elif a != b:
             yield f"{prefix}{name} {a!r} there, {b!r} now"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` in one step: a temporary file beside it, flushed, then renamed over it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 class Journal:

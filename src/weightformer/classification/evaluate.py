@@ -18,7 +18,7 @@ from ..data.transforms import eval_data_config
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
-from ..engine.progress import progress
+from ..progress import progress
 from ..engine.weights import load_model
 from .model import check_input_size
 
@@ -38,7 +38,7 @@ def evaluate(
 
     Under torch.distributed each rank evaluates its shard and the sums are reduced, so every
     rank returns the numbers of the whole data set. ``show_progress``: a bar on a terminal, plain
-    lines now and then off one (:func:`weightformer.engine.progress.progress`).
+    lines now and then off one (:func:`weightformer.progress.progress`).
     """
     was_training = model.training
     model.eval()

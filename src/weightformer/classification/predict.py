@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..data.folder import DECODE_ERRORS, rgb_loader
 from ..engine.weights import LoadedModel
 from ..engine.outputs import output_file
-from ..engine.progress import progress
+from ..progress import progress
 from .evaluate import eval_transform_config
 from .model import check_input_size
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,8 +22,8 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from tqdm import tqdm
 
+from ..progress import progress as progress_lines
 from .errors import DataError
 
 __all__ = ["FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "list_images", "load_image_folder", "scan_split"]
@@ -66,11 +65,6 @@ def _is_readable_image(path: str) -> bool:
         return False
 
 
-def _readable_flags(paths: list[str]) -> list[bool]:
-    """:func:`_is_readable_image` for each path: one thread-pool task per chunk of files."""
-    return [_is_readable_image(path) for path in paths]
-
-
 def rgb_loader(path: str) -> Image.Image:
     """Read an image file as 8-bit RGB; 16-bit grayscale is scaled to 8 bits (x / 257), not clipped."""
     with open(path, "rb") as f:
@@ -79,18 +73,6 @@ def rgb_loader(path: str) -> Image.Image:
             pixels = np.clip(np.asarray(img), 0, 65535).astype(np.uint32)
             img = Image.fromarray(((pixels + 128) // 257).astype(np.uint8))  # round(x / 257): 65535 -> 255
         return img.convert("RGB")
-
-
-def _progress(show: bool, *, total: int, desc: str, unit: str) -> Any:
-    """Progress of a scan on stderr: on a terminal a tqdm bar that appears only if the scan outlasts
-    PROGRESS_DELAY_S; off one :func:`weightformer.engine.progress.progress`'s plain lines (at most one
-    every 30 s, so a short scan prints none); nothing unless ``show``."""
-    from ..engine.progress import progress  # here, not at the top: the engine's package imports this one
-
-    if show and sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, unit=unit, delay=PROGRESS_DELAY_S, dynamic_ncols=True, leave=False,
-                    file=sys.stderr)
-    return progress(total=total, desc=desc, unit=unit, enabled=show)
 
 
 def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
@@ -122,10 +104,8 @@ def list_images(class_dir: Path, split_dir: Path) -> list[str]:
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
                 if any(os.path.join(real, "").startswith(os.path.join(target, "")) for real in chain):
-                    raise DataError(
-                        f"symlink loop in {split_dir}: {entry.path} -> {target} leads back to a folder it is in; "
-                        f"remove the link or point it at a folder outside the path to it"
-                    )
+                    raise DataError(f"symlink loop in {split_dir}: {entry.path} -> {target} leads back to a folder it "
+                                    f"is in; remove the link or point it at a folder outside the path to it")
             else:
                 target = os.path.join(chain[-1], entry.name)
             walk(entry.path, chain + [target])
@@ -134,9 +114,8 @@ def list_images(class_dir: Path, split_dir: Path) -> list[str]:
     return [os.path.join(dirpath, name) for dirpath, names in sorted(found) for name in names]
 
 
-def scan_split(
-    split_dir: Path, verify: bool = True, progress: bool = False
-) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+def scan_split(split_dir: Path, verify: bool = True,
+               progress: bool = False) -> tuple[list[str], list[tuple[str, int]], list[str]]:
     """List one split: (class names, [(path, class index)], unreadable paths).
 
     Classes are the sorted subfolder names; files are kept if their extension is an image one
@@ -157,7 +136,8 @@ def scan_split(
     if not classes:
         raise DataError(f"{split_dir} has no class subfolders; put each class's images in {split_dir}/<class>/")
     per_class: list[list[str]] = []
-    with _progress(progress, total=len(classes), desc=f"listing {split_dir.name}/", unit="class") as bar:
+    with progress_lines(total=len(classes), desc=f"listing {split_dir.name}/", unit="class", enabled=progress,
+                        delay=PROGRESS_DELAY_S) as bar:
         for name in classes:
             per_class.append(list_images(split_dir / name, split_dir))
             bar.update(1)
@@ -167,10 +147,11 @@ def scan_split(
     if verify and candidates:
         chunks = [paths[i : i + VERIFY_CHUNK] for i in range(0, len(paths), VERIFY_CHUNK)]
         readable = []
-        with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool, _progress(
-            progress, total=len(paths), desc=f"checking {split_dir.name}/ images", unit="img"
+        with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool, progress_lines(
+            total=len(paths), desc=f"checking {split_dir.name}/ images", unit="img", enabled=progress,
+            delay=PROGRESS_DELAY_S
         ) as bar:
-            for flags in pool.map(_readable_flags, chunks):
+            for flags in pool.map(lambda chunk: [_is_readable_image(path) for path in chunk], chunks):
                 readable.extend(flags)
                 bar.update(len(flags))
     samples = [sample for sample, ok in zip(candidates, readable) if ok]
@@ -181,10 +162,8 @@ def scan_split(
         names = ", ".join(empty[:SKIPPED_SHOWN]) + (", ..." if len(empty) > SKIPPED_SHOWN else "")
         others = f" ({len(empty)} class folders have none: {names})" if len(empty) > 1 else ""
         unreadable = f"; {len(skipped)} unreadable file(s) in {split_dir} were left out" if skipped else ""
-        raise DataError(
-            f"{split_dir / empty[0]} holds no readable images{others}{unreadable}; put images in it "
-            f"(extensions {', '.join(IMG_EXTENSIONS)}) or remove the class folder from train/ and val/"
-        )
+        raise DataError(f"{split_dir / empty[0]} holds no readable images{others}{unreadable}; put images in it "
+                        f"(extensions {', '.join(IMG_EXTENSIONS)}) or remove the class folder from train/ and val/")
     return classes, samples, skipped
 
 
@@ -195,13 +174,8 @@ class ImageFolderDataset(Dataset):
     a file fails to load).
     """
 
-    def __init__(
-        self,
-        samples: list[tuple[str, int]],
-        transform: Optional[Callable] = None,
-        loader: Callable[[str], Any] = rgb_loader,
-        verified: bool = True,
-    ):
+    def __init__(self, samples: list[tuple[str, int]], transform: Optional[Callable] = None,
+                 loader: Callable[[str], Any] = rgb_loader, verified: bool = True):
         self.samples = samples
         self.transform = transform
         self.loader = loader
@@ -226,12 +200,8 @@ class ImageFolderDataset(Dataset):
         return img, target
 
 
-def load_image_folder(
-    root: str | os.PathLike,
-    splits: tuple[str, ...] = SPLITS,
-    verify: bool = True,
-    warn: bool = True,
-) -> tuple[FolderSpec, dict[str, ImageFolderDataset]]:
+def load_image_folder(root: str | os.PathLike, splits: tuple[str, ...] = SPLITS, verify: bool = True,
+                      warn: bool = True) -> tuple[FolderSpec, dict[str, ImageFolderDataset]]:
     """Scan ``root/<split>`` for each split: the tree's spec and ``{split: dataset}``.
 
     Raises :class:`DataError` for a missing or empty tree, a class folder without images, a
@@ -241,10 +211,8 @@ def load_image_folder(
     """
     root_path = Path(root).expanduser()
     if not root_path.exists():
-        raise DataError(
-            f"data directory {root_path} does not exist; pass --data an ImageFolder tree "
-            f"(train/ and val/ with one subfolder per class) or a built-in data set name such as mnist"
-        )
+        raise DataError(f"data directory {root_path} does not exist; pass --data an ImageFolder tree "
+                        f"(train/ and val/ with one subfolder per class) or a built-in data set name such as mnist")
     if not root_path.is_dir():
         raise DataError(f"--data {root_path} is a file, not a folder; pass the folder that holds train/ and val/")
     scanned = {split: scan_split(root_path / split, verify, progress=warn) for split in splits}
@@ -253,20 +221,15 @@ def load_image_folder(
         a, b = scanned[first][0], scanned[other][0]
         if a != b:
             only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-            raise DataError(
-                f"{first}/ and {other}/ in {root_path} have different classes (only in {first}/: {only_a or 'none'}; "
-                f"only in {other}/: {only_b or 'none'}); give both splits the same class subfolders"
-            )
+            raise DataError(f"{first}/ and {other}/ in {root_path} have different classes (only in {first}/: "
+                            f"{only_a or 'none'}; only in {other}/: {only_b or 'none'}); give both splits the same "
+                            "class subfolders")
     skipped = [path for split in splits for path in scanned[split][2]]
     if skipped and warn:
         counts = ", ".join(f"{len(scanned[split][2])} in {split}/" for split in splits if scanned[split][2])
         more = len(skipped) - SKIPPED_SHOWN
         shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (f" and {more} more" if more > 0 else "")
-        warnings.warn(
-            f"skipped {len(skipped)} unreadable image file(s) in {root_path} ({counts}), left out of the data: "
-            f"{shown}; replace them to use them",
-            SkippedImagesWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"skipped {len(skipped)} unreadable image file(s) in {root_path} ({counts}), left out of the "
+                      f"data: {shown}; replace them to use them", SkippedImagesWarning, stacklevel=2)
     spec = FolderSpec(root=str(root_path.resolve()), classes=tuple(scanned[first][0]), skipped=tuple(skipped))
     return spec, {split: ImageFolderDataset(scanned[split][1], verified=verify) for split in splits}

@@ -16,8 +16,8 @@ from .. import _lazy_exports
 
 __getattr__, __dir__ = _lazy_exports(__name__, {
     "AgnosticBoxPredictor": "cascade", "CascadeRoIHeads": "cascade", "DetectionConfig": "config",
-    "CocoDetection": "data", "DroppedBoxesWarning": "data", "LargeScaleJitter": "data",
-    "SeededJitterDataset": "data", "collate": "data", "drop_crowd": "data", "find_split": "data",
+    "CocoDetection": "data", "DroppedBoxesWarning": "data", "collate": "data", "drop_crowd": "data",
+    "LargeScaleJitter": "transforms", "SeededJitterDataset": "transforms", "find_split": "layout",
     "METRIC_NAMES": "evaluation", "CocoEvaluator": "evaluation", "evaluate": "evaluation",
     "evaluate_checkpoint": "evaluation", "build_maskrcnn": "model", "DetectionTask": "task",
     "build_detector": "task", "training_loss": "task", "draw_detections": "visualize",

@@ -52,7 +52,7 @@ class DetectionConfig(TrainConfig):
                                           "short side --img-size, long side at most --det-max-size, flips only "
                                           "(the 1x schedule)", choices=RESIZE_MODES)
     det_max_size: int = setting(1333, help="shortest_edge: the long side's limit in pixels")
-    # None: the first split of detection.data.SPLIT_NAMES the folder holds.
+    # None: the first split of detection.layout.SPLIT_NAMES the folder holds.
     train_split: Optional[str] = setting(None, metavar="NAME", help="the training split: images/NAME/ (or NAME/) and "
                                          "annotations/instances_NAME.json (default: train2017, else train)")
     val_split: Optional[str] = setting(None, metavar="NAME", help="the validation split, named as --train-split "

@@ -30,7 +30,8 @@ from ..engine.distributed import DistInfo, all_gather_objects, init_distributed,
 from ..engine.errors import ConfigError
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
-from .data import CocoDetection, collate, data_root, find_split, split_files
+from .data import CocoDetection, collate
+from .layout import data_root, find_split, split_files
 from .visualize import save_visualizations
 
 __all__ = ["METRIC_NAMES", "CocoEvaluator", "evaluate", "evaluate_checkpoint", "format_eval", "val_dataset"]
@@ -128,7 +129,7 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
 def val_dataset(data: str, split: Optional[str] = None, run_split: Optional[str] = None) -> CocoDetection:
     """The validation split of ``data`` (a COCO-layout folder or shapes): ``split`` if given, else
     ``run_split`` (the ``val_split`` a run was configured with) if the folder has it, else the folder's
-    own (:func:`~weightformer.detection.data.find_split`)."""
+    own (:func:`~weightformer.detection.layout.find_split`)."""
     root = data_root(data)
     if split is None and run_split and split_files(root, run_split) is not None:
         split = run_split

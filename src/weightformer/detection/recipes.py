@@ -105,7 +105,7 @@ def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     images and ``--init``. A folder that is no COCO layout is one DataError line (:func:`find_split`)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS  # torch and torchvision: not at the top, so the CLI
 
-    from .data import find_split  # starts without them
+    from .layout import find_split  # starts without them
 
     if data == synthetic.SHAPES_NAME:
         return RecipeChoice(OFFLINE, f"{data} is the offline data set")

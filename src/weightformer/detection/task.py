@@ -121,7 +121,9 @@ class DetectionTask(Task):
         self.img_size = cfg.img_size or DEFAULT_IMG_SIZE
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
-        from .data import CocoDetection, LargeScaleJitter, RandomFlip, SeededJitterDataset, collate, data_root, find_split
+        from .data import CocoDetection, collate
+        from .layout import data_root, find_split
+        from .transforms import LargeScaleJitter, RandomFlip, SeededJitterDataset
 
         cfg = self.cfg
         root = data_root(cfg.data)

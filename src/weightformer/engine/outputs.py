@@ -1,7 +1,7 @@
 """Writing a command's output without losing a file, one policy for every command that writes: into a
-temporary sibling, renamed into place at the end; never over an existing output unasked; with
-``--overwrite`` the old output is moved aside (``<name>.previous-<time>``), never deleted; and never
-onto one of the command's inputs."""
+temporary sibling, renamed into place at the end (a single file: :func:`write_atomic`); never over an
+existing output unasked; with ``--overwrite`` the old output is moved aside (``<name>.previous-<time>``),
+never deleted; and never onto one of the command's inputs."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ContextManager
 
+from ..atomic import write_atomic
 from .errors import ConfigError
 from .run_dir import check_writable_file, check_writable_folder
 
 __all__ = ["check_not_an_input", "check_output", "claim_outputs", "move_aside", "output_file", "output_folder",
-           "removed_if_failed"]
+           "removed_if_failed", "write_atomic"]
 
 
 def check_output(path: Path, overwrite: bool, folder: bool, flag: str = "--out") -> None:
@@ -56,40 +58,31 @@ def move_aside(path: Path) -> Path:
 
 
 @contextmanager
-def output_file(path: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; when the block succeeds, rename it to ``path`` (an old
-    ``path`` moved aside: :func:`move_aside`).
-
-    The temporary file has ``path``'s own name, inside a temporary folder: some writers record the
-    name (torch.export's .pt2 archive names its root folder after it).
-    """
+def _staged(path: Path, overwrite: bool, folder: bool) -> Iterator[Path]:
     path = Path(path)
-    check_output(path, overwrite, folder=False)
-    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    check_output(path, overwrite, folder=folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staged = tmp if folder else tmp / path.name
     try:
-        yield folder / path.name
+        yield staged
         if path.exists():
             move_aside(path)
-        os.replace(folder / path.name, path)
+        os.replace(staged, path)
     finally:
-        shutil.rmtree(folder)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextmanager
-def output_folder(path: Path, overwrite: bool = False) -> Iterator[Path]:
+def output_file(path: Path, overwrite: bool = False) -> ContextManager[Path]:
+    """Yield a temporary path beside ``path``; when the block succeeds, rename it to ``path`` (an old
+    ``path`` moved aside: :func:`move_aside`). The temporary file has ``path``'s own name, inside a
+    temporary folder: some writers record the name (torch.export's .pt2 archive names its root folder after it)."""
+    return _staged(path, overwrite, folder=False)
+
+
+def output_folder(path: Path, overwrite: bool = False) -> ContextManager[Path]:
     """Yield a temporary folder beside ``path``; when the block succeeds, it takes the place of ``path``
     (an old ``path``, only after the new one is complete, is moved aside: :func:`move_aside`)."""
-    path = Path(path)
-    check_output(path, overwrite, folder=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            move_aside(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    return _staged(path, overwrite, folder=True)
 
 
 def claim_outputs(paths: Sequence[Path], overwrite: bool, command: str, flag: str = "--out",

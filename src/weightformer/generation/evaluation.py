@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
-from ..engine.progress import progress as progress_lines
+from ..engine.outputs import write_atomic
+from ..progress import progress as progress_lines
 
 __all__ = ["INCEPTION_FILE", "Judge", "frechet_distance", "inception_metrics", "judge_metrics", "train_judge"]
 
@@ -98,10 +99,7 @@ def train_judge(images: np.ndarray, labels: np.ndarray, num_classes: int, seed: 
             loss.backward()
             optimizer.step()
             schedule.step()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(judge.state_dict(), str(tmp))
-    tmp.replace(path)
+    write_atomic(path, save(judge.state_dict()))
     return judge.eval()
 
 

@@ -8,13 +8,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ..data.errors import DataError
 from ..engine.errors import ConfigError
-from ..engine.progress import progress as progress_lines
+from ..engine.outputs import write_atomic
+from ..progress import progress as progress_lines
 
 __all__ = ["decode", "encode_split", "load_vae", "vae_downsampling", "vae_scale_factor"]
 
@@ -77,10 +78,7 @@ def encode_split(vae: nn.Module, images: Dataset, cache_dir: Path | None, key: s
         labels.append(y)
     tensors = {"latents": torch.cat(latents).contiguous(), "labels": torch.cat(labels).long()}
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        tmp.replace(cache)
+        write_atomic(cache, save(tensors))
         cache.with_suffix(".json").write_text(json.dumps({"key": digest}))
     return TensorDataset(tensors["latents"], tensors["labels"])
 

@@ -22,6 +22,7 @@ from PIL import Image
 
 from ..data import BUILTIN_DATASETS
 from ..engine.errors import ConfigError
+from ..engine.outputs import write_atomic
 from ..engine.weights import LoadedModel, load_model
 from .data import image_geometry, open_images, to_uint8
 from .diffusion import GaussianDiffusion
@@ -91,17 +92,12 @@ def save_grid(images: np.ndarray, labels: np.ndarray, path: Path, upscale: int =
             grid[r * (H + 2) + 1: r * (H + 2) + 1 + H, k * (W + 2) + 1: k * (W + 2) + 1 + W] = img
     pil = Image.fromarray(grid[..., 0] if C == 1 else grid)
     pil = pil.resize((pil.width * upscale, pil.height * upscale), Image.NEAREST)
-    tmp = path.with_name(path.name + ".tmp")
-    pil.save(tmp, format="PNG")
-    tmp.replace(path)
+    write_atomic(path, lambda f: pil.save(f, format="PNG"))
 
 
 def save_samples(images: np.ndarray, labels: np.ndarray, out: Path) -> None:
     """``out/samples.npz`` (images, labels) and ``out/grid.png``, each written atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "samples.tmp.npz"
-    np.savez(tmp, images=images, labels=labels)
-    tmp.replace(out / "samples.npz")
+    write_atomic(out / "samples.npz", lambda f: np.savez(f, images=images, labels=labels))
     save_grid(images, labels, out / "grid.png")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine.progress import progress as progress_lines
+from ..progress import progress as progress_lines
 from .config import SAMPLERS
 from .diffusion import GaussianDiffusion, respaced_timesteps
 from .model import WeightFormerDiT

@@ -1,6 +1,6 @@
 """WeightFormer layers: dynamic linear and depthwise-conv layers, and attention seen as a dynamic MLP."""
 
-from . import long_range_predictors  # noqa: F401  (adds score_pool, centered, double_centered and score_gap to the registries)
+from . import long_range_predictors  # noqa: F401  (its predictors join the registries as it is imported)
 from .attention_mlp import attention_as_mlp
 from .dynamic_dwconv import DWCONV_PREDICTORS, DynamicDWConv, dynamic_dwconv_reference
 from .dynamic_linear import (

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
-from .dynamic_layer import DynamicWeightLayer
+from .dynamic_layer import DWCONV_PREDICTORS, DynamicWeightLayer, register_predictor
 
 __all__ = [
     "DWCONV_PREDICTORS",
@@ -96,6 +96,7 @@ def per_sample_depthwise_conv_taps(x: Tensor, kernel: Tensor, bias: Tensor) -> T
     return out.permute(0, 3, 1, 2)  # (B, C, H, W), channels-last
 
 
+@register_predictor("dwconv", "adaptive")
 class AdaptiveKernelPredictor(nn.Module):
     """Spatially adaptive prediction: ΔK = W₂ ∗ GELU(W₁ ∗ AdaptiveAvgPool_K(X) + b₁)."""
 
@@ -113,6 +114,7 @@ class AdaptiveKernelPredictor(nn.Module):
         return self.fc2(self.act(self.fc1(pooled)))
 
 
+@register_predictor("dwconv", "gap")
 class GapKernelPredictor(nn.Module):
     """Global-average prediction: ΔK_c = GELU(W₁ḡ + b₁)_c · U_c, a learned kernel bank U scaled per channel."""
 
@@ -132,6 +134,7 @@ class GapKernelPredictor(nn.Module):
         return gain[:, :, None, None] * self.bank
 
 
+@register_predictor("dwconv", "amp_dir")
 class AmplitudeDirectionKernelPredictor(nn.Module):
     """Decoupled amplitude and direction: ΔK_c = a_c · D_c/‖D_c‖, D spatially adaptive, a from ḡ."""
 
@@ -149,6 +152,7 @@ class AmplitudeDirectionKernelPredictor(nn.Module):
         return amplitude[:, :, None, None] * direction
 
 
+@register_predictor("dwconv", "conv")
 class ConvKernelPredictor(nn.Module):
     """Convolutional prediction: ΔK = W₂ ∗ GELU(W₁ ∗ DW3×3(AdaptiveAvgPool_K(X)) + b₁)."""
 
@@ -163,14 +167,6 @@ class ConvKernelPredictor(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
         pooled = adaptive_avg_pool(x, self.kernel_size).contiguous()  # see AdaptiveKernelPredictor
         return self.fc2(self.act(self.fc1(self.spatial(pooled))))
-
-
-DWCONV_PREDICTORS = {
-    "adaptive": AdaptiveKernelPredictor,
-    "gap": GapKernelPredictor,
-    "amp_dir": AmplitudeDirectionKernelPredictor,
-    "conv": ConvKernelPredictor,
-}
 
 
 class DynamicDWConv(DynamicWeightLayer):

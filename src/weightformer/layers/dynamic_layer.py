@@ -1,13 +1,30 @@
-"""What the dynamic layers share: a static weight and bias, a predictor chosen by name, and the switch
+"""What the dynamic layers share: a static weight and bias, a predictor chosen by name from the
+registries that each predictor joins where it is defined (:func:`register_predictor`), and the switch
 between the fast path and the paper's pseudocode."""
 
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
-__all__ = ["DynamicWeightLayer"]
+__all__ = ["DWCONV_PREDICTORS", "LINEAR_PREDICTORS", "DynamicWeightLayer", "register_predictor"]
+
+LINEAR_PREDICTORS: Dict[str, type] = {}  # name -> ΔW predictor class of DynamicLinear
+DWCONV_PREDICTORS: Dict[str, type] = {}  # name -> ΔK predictor class of DynamicDWConv
+_REGISTRIES = {"linear": LINEAR_PREDICTORS, "dwconv": DWCONV_PREDICTORS}
+
+
+def register_predictor(kind: str, name: str) -> Callable[[type], type]:
+    """Class decorator: the class is the ``kind`` ("linear" or "dwconv") predictor called ``name``."""
+    registry = _REGISTRIES[kind]
+
+    def register(cls: type) -> type:
+        if registry.setdefault(name, cls) is not cls:
+            raise ValueError(f"{kind} predictor {name!r} is defined twice ({registry[name].__name__}, {cls.__name__})")
+        return cls
+
+    return register
 
 
 class DynamicWeightLayer(nn.Module):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
-from .dynamic_layer import DynamicWeightLayer
+from .dynamic_layer import LINEAR_PREDICTORS, DynamicWeightLayer, register_predictor
 from .inference import hookless
 
 __all__ = [
@@ -150,6 +150,7 @@ class _LowRankPredictor(nn.Module):
         return self.expand(self.core(x))
 
 
+@register_predictor("linear", "bilateral")
 class BilateralPredictor(_LowRankPredictor):
     """Bilateral activation: ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·C^-1/2/N, P from 2×2-pooled tokens."""
 
@@ -158,6 +159,7 @@ class BilateralPredictor(_LowRankPredictor):
         return self.bilateral_core(self.proj(pool_2x2(x)), self.scale / num_tokens)
 
 
+@register_predictor("linear", "linear")
 class LinearPredictor(_LowRankPredictor):
     """Linear prediction: ΔW = (P_in·U_in)ᵀ(P_out·U_out)·C^-1/2/N, no activation."""
 
@@ -167,6 +169,7 @@ class LinearPredictor(_LowRankPredictor):
         return torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
 
 
+@register_predictor("linear", "nonlinear")
 class NonlinearPredictor(_LowRankPredictor):
     """Non-linear prediction: ΔW = U_inᵀ·σ(P_inᵀP_out·C^-1/2/N)·U_out, one activation on the core."""
 
@@ -176,6 +179,7 @@ class NonlinearPredictor(_LowRankPredictor):
         return F.silu(torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
 
 
+@register_predictor("linear", "deep")
 class DeepPredictor(_LowRankPredictor):
     """Deep prediction: bilateral ΔW with a two-layer token projection P = GELU(X̄·W_h + b_h)·W_p + b_p."""
 
@@ -199,21 +203,13 @@ class DeepPredictor(_LowRankPredictor):
         return self.bilateral_core(p, self.scale / num_tokens)
 
 
+@register_predictor("linear", "gap")
 class GapPredictor(_LowRankPredictor):
     """Global-average prediction: bilateral ΔW from the single token ḡ = mean(X), a rank-one update."""
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         g = x.mean(dim=(1, 2)).unsqueeze(1)  # (B, 1, C)
         return self.bilateral_core(self.proj(g), self.scale)
-
-
-LINEAR_PREDICTORS = {
-    "bilateral": BilateralPredictor,
-    "linear": LinearPredictor,
-    "nonlinear": NonlinearPredictor,
-    "deep": DeepPredictor,
-    "gap": GapPredictor,
-}
 
 
 class DynamicLinear(DynamicWeightLayer):

@@ -43,7 +43,7 @@ Depthwise-conv predictor (``dwc_predictor=``):
 - ``score_gap``: ``gap`` with the global average replaced by a per-channel softmax-weighted
   pool, z_c = Σ_t softmax_t(X·W_s + b_s)_{t,c} · X_{t,c}; ΔK_c = GELU(W₁z + b₁)_c · U_c.
 
-Importing this module adds these names to :data:`LINEAR_PREDICTORS` and :data:`DWCONV_PREDICTORS`.
+Each registers itself under its name (:func:`~weightformer.layers.dynamic_layer.register_predictor`).
 """
 
 import torch
@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from .dynamic_dwconv import DWCONV_PREDICTORS
-from .dynamic_linear import LINEAR_PREDICTORS, _LowRankPredictor, pool_2x2, pool_2x2_window
+from .dynamic_layer import register_predictor
+from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window
 
 __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "ScorePoolKernelPredictor",
            "ScorePoolPredictor", "double_center"]
@@ -61,6 +61,7 @@ _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
 
 
+@register_predictor("linear", "bilateral_unit")
 class BilateralUnitPredictor(_LowRankPredictor):
     """The released mean over tokens, with the core set to unit RMS and scaled by a learned gain."""
 
@@ -98,6 +99,7 @@ class BilateralUnitPredictor(_LowRankPredictor):
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
 
+@register_predictor("linear", "score_pool")
 class ScorePoolPredictor(BilateralUnitPredictor):
     """Several softmax-score-weighted heads in place of the mean over tokens (see module docstring)."""
 
@@ -129,6 +131,7 @@ class ScorePoolPredictor(BilateralUnitPredictor):
         return self.unit_expand(core)
 
 
+@register_predictor("linear", "centered")
 class CenteredPredictor(BilateralUnitPredictor):
     """Covariance of the activated projections: the core with each side's token mean removed."""
 
@@ -147,6 +150,7 @@ def double_center(p: Tensor, rows: int, cols: int) -> Tensor:
     return grid.reshape(B, rows * cols, D)
 
 
+@register_predictor("linear", "double_centered")
 class DoubleCenteredPredictor(BilateralUnitPredictor):
     """Covariance of the activated projections after double centring on the pooled grid (see module docstring)."""
 
@@ -159,6 +163,7 @@ class DoubleCenteredPredictor(BilateralUnitPredictor):
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
 
+@register_predictor("dwconv", "score_gap")
 class ScorePoolKernelPredictor(nn.Module):
     """ΔK_c = GELU(W₁z + b₁)_c · U_c with z a per-channel softmax-score-weighted pool of the tokens."""
 
@@ -179,10 +184,3 @@ class ScorePoolKernelPredictor(nn.Module):
         weights = torch.softmax(self.score(x).flatten(2), dim=-1)  # (B, C, N), per channel over tokens
         pooled = (weights * x.flatten(2)).sum(-1)  # (B, C)
         return self.act(self.fc1(pooled))[:, :, None, None] * self.bank
-
-
-LINEAR_PREDICTORS["bilateral_unit"] = BilateralUnitPredictor
-LINEAR_PREDICTORS["score_pool"] = ScorePoolPredictor
-LINEAR_PREDICTORS["centered"] = CenteredPredictor
-LINEAR_PREDICTORS["double_centered"] = DoubleCenteredPredictor
-DWCONV_PREDICTORS["score_gap"] = ScorePoolKernelPredictor

@@ -24,7 +24,7 @@ from ..data.errors import DataError
 from ..data.images import image_paths, read_image
 from ..engine.errors import ConfigError
 from ..engine.outputs import claim_outputs
-from ..engine.progress import progress
+from ..progress import progress
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
 from .evaluation import eval_transform, load_segmenter

@@ -65,14 +65,15 @@ class _PlainLines:
 
 def progress(iterable: Optional[Iterable[Any]] = None, *, total: Optional[int] = None, desc: str = "",
              unit: str = "it", enabled: bool = True, stream: Optional[TextIO] = None,
-             interval: float = PLAIN_LINE_SECONDS) -> Any:
+             interval: float = PLAIN_LINE_SECONDS, delay: float = 0.0) -> Any:
     """Wrap ``iterable`` (or count ``update(n)`` calls up to ``total``) with progress on ``stream``
-    (stderr): a tqdm bar on a terminal, plain lines off one (a run shorter than ``interval`` prints
-    nothing), nothing when ``enabled`` is false. Use it as tqdm: iterate it, or ``with`` it and call
-    ``update``."""
+    (stderr): a tqdm bar on a terminal (shown only after ``delay`` seconds), plain lines off one (a run
+    shorter than ``interval`` prints nothing), nothing when ``enabled`` is false. Use it as tqdm:
+    iterate it, or ``with`` it and call ``update``."""
     stream = stream if stream is not None else sys.stderr
     if not enabled:
         return tqdm(iterable, total=total, disable=True)
     if stream.isatty():
-        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, file=stream)
+        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, file=stream,
+                    delay=delay)
     return _PlainLines(iterable, total, desc, unit, stream, interval)
