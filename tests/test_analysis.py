@@ -235,7 +235,8 @@ def _edit(path: str, variants=None, **recipe) -> None:
 
 
 def test_a_finished_run_of_an_edited_variant_is_refused_then_rerun_when_asked(tmp_path, capsys):
-    """Editing a variant reused its finished runs and tabulated the old numbers under the new definition."""
+    """A finished run of a variant since edited is refused, not tabulated under the new definition, and rerun
+    when asked."""
     path = _grid(tmp_path)
     assert main(["ablate", path]) == 0
     params = {r["variant"]: r["params"] for r in json.loads((tmp_path / "runs" / "table.json").read_text())["rows"]}

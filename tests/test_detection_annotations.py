@@ -172,7 +172,7 @@ def test_a_bad_annotation_file_is_one_line_at_open_naming_the_file_and_annotatio
 
 
 def test_a_bad_val_annotation_stops_det_train_before_the_first_step(tmp_path: Path, capsys):
-    """The garbage RLE of the issue, in the val split: one error line and exit 2 before training starts,
+    """A garbage RLE in the val split: one error line and exit 2 before training starts,
     not a traceback from the data loader after an epoch; the run leaves no folder behind."""
     root = synthetic.write_shapes(tmp_path / "coco", seed=1, split_sizes={"train": 2, "val": 2})
     path = root / "annotations" / "instances_val.json"

@@ -1,5 +1,5 @@
-"""Checkpoints written before the whole-task redesign still load into every command: eval, predict,
-sample, export and ``--resume`` (tests/data/legacy_checkpoints/README.md says how they were made)."""
+"""Checkpoints of the legacy format load into every command: eval, predict, sample, export and ``--resume``
+(tests/data/legacy_checkpoints/README.md says how they were made)."""
 
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     assert "recipe resumed" in out and f"resumed from {run / 'last.pt'}" in out
     after = torch.load(run / "last.pt", weights_only=True)
     assert after["global_step"] == saved["global_step"] + 1
-    # the same model, data and classes: nothing from another recipe. A dense run's meta now names its
-    # protocol (issue 21): a legacy run resumes as the protocol it was trained with.
+    # the same model, data and classes: nothing from another recipe. A dense run's meta names its
+    # protocol: a legacy run, which names none, resumes as the protocol it was trained with.
     protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
     assert "protocol" not in saved["meta"] and after["meta"] == {**saved["meta"], **protocol}
 
