@@ -15,14 +15,12 @@ adaptive average pool of X to K×K and ḡ = mean(X) ∈ R^C:
   convolution (zero padding) followed by a 1×1 convolution.
 
 Traced forms. In eager mode the per-sample kernels run as one grouped convolution with B·C groups
-and P_K is ``F.adaptive_avg_pool2d``. Neither survives tracing with symbolic sizes: ONNX ``Conv``
-takes its group count as a constant, ``torch.compile`` guards on it, and an exported adaptive pool
-keeps the bin indices of the example's size. While ``torch.compile`` or ``torch.export`` (and so
-the ONNX exporter) traces the layer, it therefore runs the same arithmetic in forms whose sizes
-stay symbolic: the convolution as a sum of K² shifted, per-sample-scaled copies of the input
-(:func:`per_sample_depthwise_conv_taps`) and the pool as two averaging matrices built from the
-input size (:func:`adaptive_avg_pool_matrices`). Both equal the eager forms up to float rounding
-(tested), and Inductor fuses the K² taps into one pass.
+and P_K is ``F.adaptive_avg_pool2d``; neither survives tracing with symbolic sizes (ONNX ``Conv``
+takes its group count as a constant, an exported adaptive pool keeps the example's bins). While
+``torch.compile`` or ``torch.export`` (and so the ONNX exporter) traces the layer, it runs the same
+arithmetic as K² shifted, per-sample-scaled copies of the input (:func:`per_sample_depthwise_conv_taps`)
+and two averaging matrices built from the input size (:func:`adaptive_avg_pool_matrices`), equal to
+the eager forms up to float rounding (tested).
 """
 
 

@@ -3,9 +3,9 @@
 Two things keep the released ``bilateral`` predictor from carrying a few distant tokens into ΔW:
 
 1. Scale. ΔW = U_inᵀ·core·U_out with every factor initialised at std 0.02 and the core averaged
-   over tokens: at init, and still after training on the probes of docs/analysis.md, its columns are
-   about 1e-5 long against the static weight's 0.16. The layer then behaves as a static one, and
-   the gradient that would grow ΔW is as small as ΔW's factors (a saddle at zero).
+   over tokens: at init its columns are about 1e-5 long against the static weight's 0.16 (after
+   training on the probes too: docs/analysis.md). The layer behaves as a static one, and the gradient
+   that would grow ΔW is as small as ΔW's factors (a saddle at zero).
 2. Dilution. core = Σ_t σ(p_in,t)ᵀσ(p_out,t) / N: a few informative tokens (two glyphs in 144) must
    beat the background's constant outer product N to a few.
 

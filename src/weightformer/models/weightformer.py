@@ -127,7 +127,7 @@ class Mlp(nn.Module):
         self.fuse_act_fc2 = True
 
     def _can_fuse_act_fc2(self) -> bool:
-        modules = self._modules  # plain dict lookups: nn.Module.__getattr__ takes about 1 µs each
+        modules = self._modules  # plain dict lookups, cheaper than nn.Module.__getattr__
         act, drop1, fc2 = modules["act"], modules["drop1"], modules["fc2"]
         return (
             type(act) is nn.GELU
@@ -412,7 +412,7 @@ class WeightFormer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:  # (B, H, W, C) -> (B, classes)
-        if self.global_pool == "avg":  # what global_pool_nlc does, without its flatten and slice (5 µs a call)
+        if self.global_pool == "avg":  # what global_pool_nlc does, without its flatten and slice
             x = x.mean(dim=(1, 2))  # (B, C)
         elif self.global_pool:
             x = global_pool_nlc(x.flatten(1, 2), self.global_pool, num_prefix_tokens=0)  # (B, H·W, C) -> (B, C)

@@ -55,7 +55,7 @@ SHOWN = 5  # bad values named in an error line
 ADE_FOLDER = "ADEChallengeData2016"  # ADE20K's scene-parsing release: its zip's one folder
 ADE_CLASS_FILE = "objectInfo150.txt"  # in it: Idx, Ratio, Train, Val, Name per class, tab-separated
 ADE_CLASSES = 150  # classes of a folder too large to count them in
-SCAN_LIMIT = 5000  # annotations read for the class count at most (about 1 ms each)
+SCAN_LIMIT = 5000  # annotations read for the class count at most
 LABEL_SAMPLE = 16  # annotations read when a split opens, to find a labelled pixel (check_labelled)
 LABEL_CHUNK = 64  # annotations read at a time when the sample held none
 
