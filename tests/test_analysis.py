@@ -173,8 +173,8 @@ def _one_error_line(capsys) -> str:
 
 @pytest.mark.parametrize("tool", ["erf", "updates"])
 def test_an_image_smaller_than_one_patch_is_one_line_before_any_model_runs(tool, tmp_path, monkeypatch, capsys):
-    """--img-size 7 under a 16 px patch was a ValueError traceback; a bad last model is found before the first
-    one is analysed."""
+    """--img-size 7 under a 16 px patch is one line, not a ValueError traceback; a bad last model is found
+    before the first one is analysed."""
     from weightformer.analysis import cli as analysis_cli, dynamics
 
     ran = []
@@ -212,8 +212,8 @@ def test_a_checkpoint_smaller_than_its_patch_and_counts_below_one_are_one_line(t
                                          ("generation", "dit_s")])
 @pytest.mark.parametrize("tool", ["erf", "updates", "interaction"])
 def test_a_checkpoint_of_another_task_is_one_line(task, model, tool, tmp_path, capsys):
-    """A detection or segmentation checkpoint was a KeyError: 'in_chans'; a generation one "an unknown timm
-    model". The one reader (load_model(task="classification")) names the task and its command; given after
+    """A detection, segmentation or generation checkpoint is one line (not a KeyError: 'in_chans' nor "an
+    unknown timm model"). The one reader (load_model(task="classification")) names the task and its command; given after
     a good model, it is found before that one is analysed."""
     path = tmp_path / f"{task}.pt"
     torch.save({"model": {}, "meta": {"task": task, "model": model, "model_kwargs": {}}}, path)
@@ -235,7 +235,8 @@ def _edit(path: str, variants=None, **recipe) -> None:
 
 
 def test_a_finished_run_of_an_edited_variant_is_refused_then_rerun_when_asked(tmp_path, capsys):
-    """Editing a variant reused its finished runs and tabulated the old numbers under the new definition."""
+    """A finished run of a variant since edited is refused, not tabulated under the new definition, and rerun
+    when asked."""
     path = _grid(tmp_path)
     assert main(["ablate", path]) == 0
     params = {r["variant"]: r["params"] for r in json.loads((tmp_path / "runs" / "table.json").read_text())["rows"]}
@@ -305,7 +306,7 @@ def test_a_key_given_twice_in_the_grid_is_one_line(tmp_path, capsys):
     ({"model": "no_such_model"}, "no_such_model"),
 ])
 def test_every_variant_model_is_built_before_the_first_run(variant, message, tmp_path, monkeypatch, capsys):
-    """A bad model kwarg of a later variant was found only after the earlier variants trained."""
+    """A bad model kwarg of a later variant is found before the earlier variants train."""
     trained = []
     monkeypatch.setattr(ablate, "train_one", lambda *a, **k: trained.append(a))
     assert main(["ablate", _grid(tmp_path, {"good": {}, "bad": variant})]) == 2

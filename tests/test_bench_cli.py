@@ -281,8 +281,8 @@ def _bench(command: str, *argv: str) -> list:
 @pytest.mark.parametrize("command", list(BENCH))
 def test_the_default_out_holding_earlier_results_is_refused_before_the_work(command, held, tmp_path, monkeypatch,
                                                                             capsys):
-    """Issue 18, lost files: `bench dense` and `bench dit` replaced the committed results folder (their
-    default --out); the sweep too, and it dropped an earlier points.jsonl without --resume."""
+    """No lost files: a default --out (the committed results folder) holding earlier results, all or one of
+    them (the sweep's points.jsonl included), is refused before the work, with nothing moved or written."""
     _, names, default, _ = BENCH[command]
     monkeypatch.chdir(tmp_path)
     _no_work(monkeypatch, command)
@@ -332,7 +332,7 @@ def test_an_out_holding_none_of_the_commands_files_is_used_as_it_is(command, tmp
 @pytest.mark.parametrize("where", ["proc", "file", "below-a-file", "output-is-a-folder"])
 @pytest.mark.parametrize("command", list(BENCH))
 def test_an_unusable_out_is_one_line_before_the_work(command, where, tmp_path, monkeypatch, capsys):
-    """Issue 18, tracebacks: `bench dit --out /proc/x` was checked only after the work (and then a traceback)."""
+    """`bench dit --out /proc/x` (and every bench command's) is checked before the work, in one line."""
     _, names, _, _ = BENCH[command]
     a_file = tmp_path / "results.txt"
     a_file.write_text("not a folder")
@@ -357,7 +357,7 @@ def test_an_unusable_out_is_one_line_before_the_work(command, where, tmp_path, m
 ])
 def test_every_number_flag_refuses_non_finite_and_out_of_range_values(command, flag, value, tmp_path, monkeypatch,
                                                                        capsys):
-    """Issue 18, settings: `bench dit --max-seconds nan` was accepted, then every point was cut off."""
+    """`bench dit --max-seconds nan` is refused in one line, not accepted to cut every point off."""
     _no_work(monkeypatch, command)
     err = _bench_error(capsys, *_bench(command, f"{flag}={value}", "--out", str(tmp_path / "out")))  # = for -inf
     assert flag in err and value in err
@@ -378,7 +378,7 @@ def test_dit_settings_that_cannot_be_compared_are_one_line(argv, message, tmp_pa
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 @pytest.mark.parametrize("command", list(BENCH))
 def test_cuda_without_a_gpu_is_one_line_in_every_bench_command(command, device, tmp_path, monkeypatch, capsys):
-    """Issue 18, tracebacks: `bench dit --device cuda` without a GPU (`bench dense` said it in one line)."""
+    """`--device cuda` without a GPU is one line in every bench command, not a traceback."""
     _no_work(monkeypatch, command)
     err = _bench_error(capsys, *_bench(command, "--device", device, "--out", str(tmp_path / "out")))
     assert err.startswith(f"error: --device {device}: no CUDA GPU is visible here")

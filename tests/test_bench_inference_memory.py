@@ -1,4 +1,4 @@
-"""Issue 19: the sweep measures inference memory at every point (each model in a fresh process), its table
+"""The sweep measures inference memory at every point (each model in a fresh process), its table
 says how, every table names the machine, load and command, benchmarks/targets.py reports the 1248²
 inference-memory ratios, and `weightformer bench --help`, `bench dit --help` and `bench dense --help`
 import no torch."""
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_inference_memory_is_measured_and_filled_at_every_point():
-    """The old default measured memory of training steps only: every inference-memory cell was "—"."""
+    """The default measurements include inference memory: every inference-memory cell is filled, none "—"."""
     models, resolutions = ["wf-t", "deit-t-explicit"], [32, 48]
     config = SweepConfig(models=models, resolutions=resolutions, measurements=("infer", "memory"),
                          train_resolutions=[], repetitions=1, min_rep_seconds=0.0, threads=1)

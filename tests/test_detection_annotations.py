@@ -172,7 +172,7 @@ def test_a_bad_annotation_file_is_one_line_at_open_naming_the_file_and_annotatio
 
 
 def test_a_bad_val_annotation_stops_det_train_before_the_first_step(tmp_path: Path, capsys):
-    """The garbage RLE of the issue, in the val split: one error line and exit 2 before training starts,
+    """A garbage RLE in the val split: one error line and exit 2 before training starts,
     not a traceback from the data loader after an epoch; the run leaves no folder behind."""
     root = synthetic.write_shapes(tmp_path / "coco", seed=1, split_sizes={"train": 2, "val": 2})
     path = root / "annotations" / "instances_val.json"
@@ -236,8 +236,8 @@ def test_a_clean_file_warns_nothing_and_is_left_as_it_was(tmp_path: Path):
 
 
 def test_a_missing_area_is_the_masks_so_cocoeval_can_score(tmp_path: Path):
-    """COCOeval reads every ground truth's area (its size buckets) and failed with KeyError after a whole
-    evaluation; the file's own areas are kept."""
+    """COCOeval reads every ground truth's area (its size buckets), which would be a KeyError after a whole
+    evaluation: a missing one is the mask's area; the file's own areas are kept."""
     write_tree(tmp_path, lambda content: [a.pop("area") for a in content["annotations"] if a["id"] != 12])
     dataset = CocoDetection(tmp_path, "val")
     assert {i: a["area"] for i, a in dataset.coco.anns.items()} == {10: 120.0, 11: 400.0, 12: 512.0}

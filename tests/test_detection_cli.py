@@ -1,5 +1,5 @@
 """``weightformer det train|eval|predict`` end to end on a few images of the offline shapes set, and on
-checkpoints written before the whole-task redesign."""
+checkpoints of the legacy format."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_predict_replaces_its_earlier_files_only_with_overwrite(trained: Path, s
 
 
 def test_eval_and_predict_read_a_checkpoint_of_the_old_format(shapes: Path, tmp_path: Path, capsys):
-    """A best.pt of ``weightformer det train`` before the redesign: no split names in its config."""
+    """A legacy-format best.pt of ``weightformer det train``: no split names in its config."""
     best = LEGACY / "det" / "best.pt"
     ckpt = torch.load(best, weights_only=True)
     assert "val_split" not in ckpt["config"] and ckpt["meta"]["task"] == "detection"

@@ -1,7 +1,7 @@
 """The detector's ``vitdet`` protocol, point by point against detectron2 as ViTDet's configs run it
 (``projects/ViTDet/configs/COCO/cascade_mask_rcnn_vitdet_b_100ep.py`` on ``configs/common/models/
-mask_rcnn_fpn.py``); issue 21, points 1-6. Each test states the reference's behaviour it checks. The
-``torchvision`` protocol (the package's detector before the setting) is checked where it differs."""
+mask_rcnn_fpn.py``). Each test states the reference's behaviour it checks. The ``torchvision`` protocol
+(the legacy checkpoints' detector) is checked where it differs."""
 
 from __future__ import annotations
 
@@ -336,8 +336,8 @@ def test_shipped_coco_configs_name_their_reference_and_protocol(name):
 
 
 def test_a_checkpoints_meta_rebuilds_its_protocol():
-    """build_detector follows meta["protocol"]; a checkpoint saved before the setting (no key) was
-    trained with what is now the torchvision protocol, which the upgrade of format 0 names."""
+    """build_detector follows meta["protocol"]; a checkpoint of format 0 names none, and the upgrade fills in
+    the torchvision protocol it was trained with."""
     meta = {"model": "weightformer_tiny", "model_kwargs": {"embed_dim": 32, "depth": 2, "conv_dim": 16, "fc_dim": 32},
             "num_classes": 2, "cascade": True, "img_size": 64}
     old = build_detector(DetectionTask.upgrade_checkpoint({"meta": meta}, 0)["meta"])

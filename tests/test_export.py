@@ -255,8 +255,8 @@ def _fixed_size_vit(path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 def test_a_model_that_takes_one_size_only_is_refused_before_tracing(fmt, tmp_path, capsys):
-    """The ONNX export of a fixed-size ViT failed with a traceback; the .pt2 was written, fixed at 64 px,
-    and called dynamic."""
+    """A fixed-size ViT is refused in one line before tracing, in both formats: no ONNX traceback, no .pt2
+    fixed at one size and called dynamic."""
     _fixed_size_vit(tmp_path / "deit.pt")
     code = export_main(["--checkpoint", str(tmp_path / "deit.pt"), "--format", fmt, "--out", str(tmp_path / f"m.{fmt}")])
     err = capsys.readouterr().err

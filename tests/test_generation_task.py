@@ -1,7 +1,7 @@
 """Generation on the shared loop: train a tiny WF-DiT, sample, evaluate; exact resume with the EMA (from
 Python, and ``gen train --output RUN --resume auto`` alone on an ImageFolder run); the recipes and the
 first line that names them; the Python API resolving the command line's config; checkpoints of the
-format written before the task packages; latent space through a tiny AutoencoderKL; one-line errors
+legacy format; latent space through a tiny AutoencoderKL; one-line errors
 of ``weightformer gen``."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = {"hidden_size": 32, "depth": 2}
 TINY_FLAGS = ["--model-kwargs", "hidden_size=32", "depth=2"]
-# What a checkpoint written before the task packages holds in its config beside GenerationConfig's
-# fields: the other tasks' settings, which TrainConfig then had (their values in a gen run).
+# What a checkpoint of the legacy format holds in its config beside GenerationConfig's fields: the
+# other tasks' settings (their values in a gen run).
 OLD_CONFIG_FIELDS = {
     "smoothing": 0.1, "mixup": 0.8, "cutmix": 1.0, "auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25,
     "color_jitter": 0.4, "train_scale": [0.08, 1.0], "interpolation": "bicubic", "crop_pct": 0.875, "crop_mode": None,
@@ -213,7 +213,7 @@ def test_train_sample_evaluate_end_to_end(folder: Path, tmp_path: Path, capsys: 
 
 def test_checkpoints_of_the_previous_format_sample_evaluate_and_resume(folder: Path, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture):
-    """A run folder as the code before the task packages wrote it: its config also holds the other tasks'
+    """A run folder of the legacy format: its config also holds the other tasks'
     settings. ``gen sample`` (last.pt and best.pt), ``gen eval`` and ``--resume auto`` take it."""
     run = tmp_path / "run"
     train(_config(folder, run, epochs=2, max_steps=1), task=GenerationTask)
@@ -374,8 +374,8 @@ class _SlowClock:
 
 def test_gen_sample_off_a_terminal_writes_a_few_plain_lines_not_carriage_returns(
         folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
-    """capsys's stderr is no terminal, as a log file, a pipe or CI is. A 250-step sampler used to write a
-    tqdm update per step there; now, even as slow as one step a second, it writes one line every 30 s."""
+    """capsys's stderr is no terminal, as a log file, a pipe or CI is. A 250-step sampler writes one line
+    every 30 s there, even at one step a second, not a tqdm update per step."""
     import weightformer.progress as progress_module
 
     run = tmp_path / "run"

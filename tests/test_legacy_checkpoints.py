@@ -79,7 +79,7 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     after = torch.load(run / "last.pt", weights_only=True)
     assert after["global_step"] == saved["global_step"] + 1
     # the same model, data and classes: nothing from another recipe. A dense run's meta names its
-    # protocol: a legacy run resumes as the protocol it was trained with.
+    # protocol: a legacy run, which names none, resumes as the protocol it was trained with.
     protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
     assert "protocol" not in saved["meta"] and after["meta"] == {**saved["meta"], **protocol}
 

@@ -179,7 +179,8 @@ def test_long_range_backbone_in_each_segmentation_protocol(protocol):
 
 
 def test_a_long_range_checkpoint_that_names_no_predictor_is_loaded_with_a_warning(tmp_path, capsys):
-    """Checkpoints saved before runs wrote the predictor down were trained with ``centered``."""
+    """A long-range checkpoint whose meta names no predictor (one trained with ``centered``, say) loads with
+    the variant's predictor and a warning; ``linear_predictor`` in the model kwargs pins it, silently."""
     from weightformer.checkpoint import save_atomic
     from weightformer.engine.weights import load_model
 

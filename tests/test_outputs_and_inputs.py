@@ -1,5 +1,5 @@
 """One policy for every command that writes, one parser for every setting and flag: nothing is lost, no
-traceback for a user's mistake, no nonsense accepted (part of issue 18, on the whole-task design)."""
+traceback for a user's mistake, no nonsense accepted."""
 
 from __future__ import annotations
 

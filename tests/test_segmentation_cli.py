@@ -1,6 +1,6 @@
 """``weightformer seg train|eval|predict`` end to end on a small shapes set in ADE20K's download layout:
 exact resume from the run folder alone, the run's own inference settings in eval, checkpoints of the
-format before the whole-task redesign, and one-line errors."""
+legacy format, and one-line errors."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_weights_without_a_description_are_refused(tmp_path: Path, capsys):
 
 
 def test_checkpoints_of_the_format_before_the_redesign(tmp_path: Path, monkeypatch, capsys):
-    """A run of commit 85154e8 (the shapes set, evaluated in 64 px windows every 48): eval rebuilds its
+    """A run of the legacy format (commit 85154e8: the shapes set, evaluated in 64 px windows every 48): eval rebuilds its
     model and its settings and gives the run's own numbers; predict writes its maps."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # its data: shapes, drawn into the cache
     best = LEGACY / "best.pt"

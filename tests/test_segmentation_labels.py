@@ -1,5 +1,5 @@
 """A segmentation split whose annotations hold no labelled pixel (every pixel ignored) is one DataError
-line when it opens: it used to train at loss 0 without a word. The check reads a sample of the
+line when it opens, not a run at loss 0 without a word. The check reads a sample of the
 annotations, and all of them only when the sample holds no labelled pixel."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 21, points 7-9: the ViT UperNet protocol of Vim and BEiT, point by point against the references.
+"""The ViT UperNet protocol of Vim and BEiT, point by point against the references.
 
 7. Features (hustvl/Vim seg/backbone/vim.py, seg/configs/_base_/models/upernet_vim.py; BEiT's
    semantic_segmentation/backbone/beit.py): four blocks ``out_indices`` spread over the depth, read without

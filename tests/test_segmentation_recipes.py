@@ -41,8 +41,8 @@ def test_a_small_folder_without_init_gets_the_small_data_recipe_and_the_run_says
 
 
 def test_the_small_data_recipe_can_learn_where_the_old_default_could_not(folder: Path):
-    """The ImageNet classifier's batch 256 and lr 5e-4 gave a folder one step an epoch; now it is the
-    shapes job's schedule: batch 16, lr 1e-3 at that batch, 50 epochs."""
+    """A folder gets the shapes job's schedule, batch 16, lr 1e-3 at that batch, 50 epochs, not the ImageNet
+    classifier's batch 256 and lr 5e-4, which would give it one step an epoch."""
     cfg = prepare_config({"data": str(folder)}, task=SegmentationTask).cfg
     assert (cfg.batch_size, cfg.epochs, cfg.lr * cfg.batch_size / 512) == (16, 50, pytest.approx(1e-3))
     assert cfg.model_kwargs == {"embed_dim": 96, "depth": 4, "channels": 64, "pyramid_channels": 64, "aux_channels": 32}

@@ -1,10 +1,10 @@
-"""Start-up (issue 19): ``import weightformer`` leaves the optional heavy packages alone and still
+"""Start-up: ``import weightformer`` leaves the optional heavy packages alone and still
 registers the models with timm, and the ``weightformer`` command answers ``--help`` (its own and every
 subcommand's) and a mistake without importing torch, then imports what a real command needs.
 
 Each check runs in a fresh interpreter, started as a user starts it: ``python -c``, the console script
 (a file named ``weightformer`` holding what pip writes for ``weightformer = weightformer.cli:main``) and
-``python -m weightformer``. No timing here: ``weightformer --help``'s time is measured by hand (issue 19).
+``python -m weightformer``. No timing here: ``weightformer --help``'s time is measured by hand.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Every task's command line is built by the engine from the task: the flags that worked before the
-redesign still parse to the same settings, the shared flags exist once per task, the help speaks of
+"""Every task's command line is built by the engine from the task: the legacy commands' flags parse to
+the same settings, the shared flags exist once per task, the help speaks of
 the task, and the root command only dispatches."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ COMMON_SETTINGS = dict(data="D", model="weightformer_small", model_kwargs={"dept
                        max_steps=5, batch_size=2, img_size=64, lr=1e-3, warmup_epochs=0.5, output="O", resume="auto",
                        overwrite=True, seed=7, deterministic=True, workers=0, amp="bf16", compile=True,
                        grad_checkpointing=True, ema=True, device="cpu", log_interval=9, weight_decay=0.1)
-# The task flags of the commands before the redesign (weightformer det/seg/gen train --help of 85154e8).
+# The task flags of the legacy commands (weightformer det/seg/gen train --help of commit 85154e8).
 TASK_FLAGS = {
     "classification": ([], {}),
     "detection": (["--num-classes", "5", "--cascade", "--layer-decay", "0.7", "--det-resize", "shortest_edge",

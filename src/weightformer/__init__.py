@@ -3,17 +3,13 @@
 Importing the package registers ``weightformer_tiny``, ``weightformer_small`` and
 ``weightformer_base`` with timm, so ``timm.create_model("weightformer_tiny")`` works.
 
-The ``weightformer`` command is the exception. Its console script (``weightformer = weightformer.cli:main``)
-and ``python -m weightformer`` both run this file before the command line is parsed, and the models
-import torch and timm (seconds, and most of a gigabyte), which ``--help`` and a mistyped flag do
-not need. So when this interpreter was started as that command, the models are not imported here:
-every subcommand registers them once its command line is parsed and its work starts
-(:func:`weightformer.engine.cli.run_reporting_errors`, ``weightformer bench``'s model builder). The
-command is recognised by what started the interpreter, which no library user's program shares:
-the console script is a file named ``weightformer`` (``weightformer.exe`` or ``weightformer-script.py``
-on Windows), and ``python -m weightformer`` is ``-m weightformer`` in :data:`sys.orig_argv` (while the
-package is imported, :data:`sys.argv` holds only ``-m``). Any other way of reaching
-:func:`weightformer.cli.main` (``python -c``, a test) imports the models here as a library does.
+The ``weightformer`` command is the exception: its console script and ``python -m weightformer`` run
+this file before the command line is parsed, and ``--help`` or a mistyped flag need neither torch nor
+timm. Started as that command (a program file named ``weightformer``, ``weightformer.exe`` or
+``weightformer-script.py``, or ``-m weightformer`` in :data:`sys.orig_argv`), the interpreter imports no
+models here; every subcommand registers them once its work starts
+(:func:`weightformer.engine.cli.run_reporting_errors`, ``weightformer bench``'s model builder). Any other
+way of reaching :func:`weightformer.cli.main` (``python -c``, a test) imports them as a library does.
 
 The package's other names (:class:`WeightFormer`, :class:`DynamicLinear`, ...) are imported on first
 use (PEP 562).

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -82,11 +82,8 @@ class ErfResult:
 
 
 def erf_stats(erf: np.ndarray, center: Sequence[float] | None = None) -> ErfResult:
-    """Mass outside the central 25% and the 50% / 90% radii of a normalised ERF map (H, W).
-
-    ``center``: (row, col) in pixels of the centre token's centre (default: the image centre,
-    ((H-1)/2, (W-1)/2)).
-    """
+    """Mass outside the central 25% and the 50% / 90% radii of a normalised ERF map (H, W). ``center``:
+    (row, col) in pixels of the centre token's centre (default: the image centre, ((H-1)/2, (W-1)/2))."""
     H, W = erf.shape
     cy, cx = center if center is not None else ((H - 1) / 2, (W - 1) / 2)
     mass = erf / erf.sum()

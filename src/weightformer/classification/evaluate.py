@@ -24,22 +24,13 @@ from .model import check_input_size
 
 __all__ = ["eval_transform_config", "evaluate", "evaluate_checkpoint", "format_eval"]
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    loader: DataLoader,
-    device: torch.device,
-    amp: str = "none",
-    dist_info: Optional[DistInfo] = None,
-    show_progress: bool = False,
-) -> dict[str, float]:
-    """Top-1 and top-5 accuracy (%), mean cross-entropy, images per second and the number of images
-    over ``loader``.
 
-    Under torch.distributed each rank evaluates its shard and the sums are reduced, so every
-    rank returns the numbers of the whole data set. ``show_progress``: a bar on a terminal, plain
-    lines now and then off one (:func:`weightformer.progress.progress`).
-    """
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, amp: str = "none",
+             dist_info: Optional[DistInfo] = None, show_progress: bool = False) -> dict[str, float]:
+    """Top-1 and top-5 accuracy (%), mean cross-entropy, images per second and the number of images over
+    ``loader``. Under torch.distributed the ranks' sums are reduced, so every rank returns the numbers of
+    the whole data set. ``show_progress``: :func:`weightformer.progress.progress`'s bar or lines."""
     was_training = model.training
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
@@ -65,24 +56,17 @@ def evaluate(
     model.train(was_training)
     if count == 0:
         raise DataError("the evaluation split is empty; put images in val/")
-    return {
-        "top1": 100.0 * hits1 / count,
-        "top5": 100.0 * hits5 / count,
-        "loss": loss_sum / count,
-        "img_per_s": count / max(seconds, 1e-9),
-        "num_samples": int(count),
-    }
+    return {"top1": 100.0 * hits1 / count, "top5": 100.0 * hits5 / count, "loss": loss_sum / count,
+            "img_per_s": count / max(seconds, 1e-9), "num_samples": int(count)}
 
 
 def format_eval(result: dict[str, Any]) -> str:
     """The text report of :func:`evaluate_checkpoint`."""
     skipped = result.get("skipped_files") or []
     left_out = f"; {len(skipped)} unreadable file(s) left out" if skipped else ""
-    return (
-        f"top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%  loss {result['loss']:.4f}  "
-        f"{result['img_per_s']:.0f} img/s  ({result['num_samples']} images of {result['data']}{left_out}, "
-        f"model {result['model']})"
-    )
+    return (f"top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%  loss {result['loss']:.4f}  "
+            f"{result['img_per_s']:.0f} img/s  ({result['num_samples']} images of {result['data']}{left_out}, "
+            f"model {result['model']})")
 
 
 def _check_eval_settings(batch_size: int, workers: int, img_size: Optional[int], amp: str, device: str) -> None:
@@ -103,20 +87,15 @@ def check_data_fits(meta: Mapping[str, Any], info: DataInfo, source: str) -> Non
     naming what differs (channels, class count, class names)."""
     trained_on = f" ({meta['data']})" if meta.get("data") else ""
     if meta.get("in_chans", info.in_chans) != info.in_chans:
-        raise CheckpointError(
-            f"{source} was trained on {meta['in_chans']}-channel images and {info.name} has "
-            f"{info.in_chans}-channel images; evaluate on the data set it was trained on{trained_on}"
-        )
+        raise CheckpointError(f"{source} was trained on {meta['in_chans']}-channel images and {info.name} has "
+                              f"{info.in_chans}-channel images; evaluate on the data set it was trained on{trained_on}")
     if meta["num_classes"] != info.num_classes:
-        raise CheckpointError(
-            f"{source} has {meta['num_classes']} classes, the data {info.name} has {info.num_classes}; "
-            f"evaluate on the data set it was trained on{trained_on}, or data with the model's classes"
-        )
+        raise CheckpointError(f"{source} has {meta['num_classes']} classes, the data {info.name} has "
+                              f"{info.num_classes}; evaluate on the data set it was trained on{trained_on}, or data "
+                              f"with the model's classes")
     if meta.get("classes") and list(meta["classes"]) != list(info.classes):
-        raise DataError(
-            f"the class folders of {info.name} differ from those {source} was trained on{trained_on}; "
-            f"evaluate on data with the same class names"
-        )
+        raise DataError(f"the class folders of {info.name} differ from those {source} was trained on{trained_on}; "
+                        f"evaluate on data with the same class names")
 
 
 def eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Optional[int]) -> dict[str, Any]:
@@ -124,36 +103,23 @@ def eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Opt
     pretrained config decides (the release's squash resize for WeightFormer), as in timm/validate.py."""
     pretrained_cfg = getattr(net, "pretrained_cfg", None)
     if "img_size" in meta:
-        return eval_data_config(
-            pretrained_cfg, in_chans=meta["in_chans"], img_size=img_size or meta["img_size"],
-            interpolation=meta["interpolation"], crop_pct=meta["crop_pct"], crop_mode=meta.get("crop_mode"),
-            mean=tuple(meta["mean"]), std=tuple(meta["std"]),
-        )
+        return eval_data_config(pretrained_cfg, in_chans=meta["in_chans"], img_size=img_size or meta["img_size"],
+                                interpolation=meta["interpolation"], crop_pct=meta["crop_pct"],
+                                crop_mode=meta.get("crop_mode"), mean=tuple(meta["mean"]), std=tuple(meta["std"]))
     return eval_data_config(pretrained_cfg, in_chans=meta["in_chans"], img_size=img_size)
 
 
-def evaluate_checkpoint(
-    checkpoint: Optional[str] = None,
-    model: Optional[str] = None,
-    pretrained: bool = False,
-    data: Optional[str] = None,
-    model_kwargs: Optional[dict[str, Any]] = None,
-    img_size: Optional[int] = None,
-    batch_size: int = 256,
-    workers: int = 4,
-    amp: str = "none",
-    device: str = "auto",
-    use_ema: bool = False,
-) -> dict[str, Any]:
-    """Evaluate a checkpoint (any format :func:`load_weights` reads), or a timm model's pretrained weights.
+def evaluate_checkpoint(checkpoint: Optional[str] = None, model: Optional[str] = None, pretrained: bool = False,
+                        data: Optional[str] = None, model_kwargs: Optional[dict[str, Any]] = None,
+                        img_size: Optional[int] = None, batch_size: int = 256, workers: int = 4, amp: str = "none",
+                        device: str = "auto", use_ema: bool = False) -> dict[str, Any]:
+    """Evaluate a checkpoint (any format :func:`load_model` reads), or a timm model's pretrained weights.
 
-    ``checkpoint``: our ``last.pt``/``best.pt`` (rebuilt from their metadata), the authors' files,
-    or any state dict, with ``model`` naming its architecture. ``model`` with ``pretrained``: timm's
-    own weights. ``data`` defaults to the data set the checkpoint was trained on. The images are
-    preprocessed as the model's pretrained config says (``crop_mode`` included), exactly as
-    ``timm/validate.py`` does, unless the checkpoint records its own preprocessing. Returns
-    top-1/top-5 (%), loss, img/s, the number of images evaluated, the unreadable files left out,
-    and the model, data and preprocessing used.
+    ``checkpoint``: our ``last.pt``/``best.pt`` (rebuilt from their metadata), the authors' files, or any
+    state dict with ``model`` naming its architecture; ``model`` with ``pretrained``: timm's own weights.
+    ``data`` defaults to the checkpoint's. Images are preprocessed as the checkpoint records, else as the
+    model's pretrained config says, as ``timm/validate.py`` does. Returns top-1/top-5 (%), loss, img/s, the
+    images evaluated, the unreadable files left out, and the model, data and preprocessing used.
     """
     _check_eval_settings(batch_size, workers, img_size, amp, device)
     if checkpoint is None and not (model and pretrained):
@@ -178,12 +144,10 @@ def evaluate_checkpoint(
         loader = DataLoader(val_set, batch_size=batch_size, sampler=sampler, num_workers=workers,
                             pin_memory=dist_info.device.type == "cuda")
         result: dict[str, Any] = evaluate(net, loader, dist_info.device, amp, dist_info, show_progress=True)
-        result.update(
-            model=meta["model"], data=info.name, checkpoint=checkpoint, ema=use_ema,
-            img_size=data_config["input_size"][-1], crop_pct=data_config["crop_pct"],
-            crop_mode=data_config["crop_mode"], interpolation=data_config["interpolation"],
-            skipped_files=list(info.skipped), world_size=dist_info.world_size,
-        )
+        result.update(model=meta["model"], data=info.name, checkpoint=checkpoint, ema=use_ema,
+                      img_size=data_config["input_size"][-1], crop_pct=data_config["crop_pct"],
+                      crop_mode=data_config["crop_mode"], interpolation=data_config["interpolation"],
+                      skipped_files=list(info.skipped), world_size=dist_info.world_size)
         return result
     finally:
         shutdown_distributed(dist_info)

@@ -25,30 +25,24 @@ def pretrained_cfg(model_name: str) -> dict[str, Any]:
 
 
 def build_classifier(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Module:
-    """``timm.create_model`` from a checkpoint's ``meta`` (name, kwargs, classes, channels).
-
-    Only the errors that mean a bad argument become a :class:`ConfigError`: a ``ValueError`` the
-    model raises for a value it refuses, and the ``TypeError`` of a keyword it does not take. Pretrained
-    weights that cannot be fetched (offline, no such repository) are a :class:`CheckpointError`.
-    Anything else is a bug and keeps its traceback.
-    """
+    """``timm.create_model`` from a checkpoint's ``meta`` (name, kwargs, classes, channels). A refused value
+    or keyword is a :class:`ConfigError`, pretrained weights that cannot be fetched a
+    :class:`CheckpointError`; anything else is a bug and keeps its traceback."""
     name = meta["model"]
     if not timm.is_model(name):
         raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
     kwargs = meta["model_kwargs"]
     try:
         with model_arguments_checked(name, kwargs):
-            return timm.create_model(
-                name, pretrained=pretrained, num_classes=meta["num_classes"], in_chans=meta["in_chans"], **kwargs
-            )
+            return timm.create_model(name, pretrained=pretrained, num_classes=meta["num_classes"],
+                                     in_chans=meta["in_chans"], **kwargs)
     except (HfHubHTTPError, OSError) as exc:
         if not pretrained:
             raise
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"cannot get the pretrained weights of {name} ({type(exc).__name__}: {detail}); connect to the "
-            f"Hugging Face Hub (HF_HUB_OFFLINE unset), or pass the downloaded file with --checkpoint FILE"
-        ) from exc
+        raise CheckpointError(f"cannot get the pretrained weights of {name} ({type(exc).__name__}: {detail}); connect "
+                              f"to the Hugging Face Hub (HF_HUB_OFFLINE unset), or pass the downloaded file with "
+                              f"--checkpoint FILE") from exc
 
 
 def _blank_forward(model: nn.Module, in_chans: int, size: int, device: torch.device) -> None:
@@ -58,12 +52,8 @@ def _blank_forward(model: nn.Module, in_chans: int, size: int, device: torch.dev
 
 def check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.device) -> None:
     """One eval-mode forward of a blank image, so a model that cannot take this size fails with one line.
-
-    A ValueError, or the AssertionError of timm's size checks, is a refusal of the input: a user's
-    mistake. A RuntimeError (a kernel larger than the feature map, say) counts as one only when the
-    same model runs at its pretrained size; otherwise, and for out of memory, it is reported as
-    what it is.
-    """
+    A ValueError, or timm's size AssertionError, refuses the input; a RuntimeError (a kernel larger than the
+    feature map, say) does only when the same model runs at its pretrained size, else it stays what it is."""
     was_training = model.training
     model.eval()
     size = meta["img_size"]
@@ -81,8 +71,6 @@ def check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.de
             except Exception:
                 raise exc from None  # fails at its own size too: not a matter of the image size
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"{meta['model']} cannot take {size} px images ({reason}); "
-            f"pass a larger --img-size or model kwargs that fit (e.g. a smaller patch_size)"
-        ) from exc
+        raise ConfigError(f"{meta['model']} cannot take {size} px images ({reason}); pass a larger --img-size or "
+                          f"model kwargs that fit (e.g. a smaller patch_size)") from exc
     model.train(was_training)

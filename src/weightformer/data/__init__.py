@@ -62,17 +62,11 @@ class DataInfo:
     skipped: tuple[str, ...] = ()  # unreadable files left out
 
 
-def open_dataset(
-    data: str,
-    splits: tuple[str, ...] = ("train", "val"),
-    verify: bool = True,
-    warn: bool = True,
-) -> tuple[DataInfo, dict[str, Dataset]]:
-    """Open ``data`` (a built-in name such as ``"mnist"`` or an ImageFolder path) without transforms.
-
-    Returns its :class:`DataInfo` and ``{split: dataset}``. ``verify`` and ``warn`` are passed to
-    :func:`load_image_folder` (``warn`` also to :func:`load_builtin`).
-    """
+def open_dataset(data: str, splits: tuple[str, ...] = ("train", "val"), verify: bool = True,
+                 warn: bool = True) -> tuple[DataInfo, dict[str, Dataset]]:
+    """Open ``data`` (a built-in name such as ``"mnist"`` or an ImageFolder path) without transforms: its
+    :class:`DataInfo` and ``{split: dataset}``. ``verify`` and ``warn`` go to :func:`load_image_folder`
+    (``warn`` also to :func:`load_builtin`)."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     from .builtin import BUILTIN_DATASETS, load_builtin
@@ -80,23 +74,10 @@ def open_dataset(
 
     if data in BUILTIN_DATASETS:
         spec, builtin_splits = load_builtin(data, warn=warn)
-        info = DataInfo(
-            name=data,
-            num_classes=spec.num_classes,
-            in_chans=spec.in_chans,
-            mean=spec.mean,
-            std=spec.std,
-            classes=tuple(str(i) for i in range(spec.num_classes)),
-        )
+        info = DataInfo(name=data, num_classes=spec.num_classes, in_chans=spec.in_chans, mean=spec.mean,
+                        std=spec.std, classes=tuple(str(i) for i in range(spec.num_classes)))
         return info, {split: builtin_splits[split] for split in splits}
     folder, folder_splits = load_image_folder(data, splits=splits, verify=verify, warn=warn)
-    info = DataInfo(
-        name=folder.root,
-        num_classes=folder.num_classes,
-        in_chans=3,
-        mean=tuple(IMAGENET_DEFAULT_MEAN),
-        std=tuple(IMAGENET_DEFAULT_STD),
-        classes=folder.classes,
-        skipped=folder.skipped,
-    )
+    info = DataInfo(name=folder.root, num_classes=folder.num_classes, in_chans=3, mean=tuple(IMAGENET_DEFAULT_MEAN),
+                    std=tuple(IMAGENET_DEFAULT_STD), classes=folder.classes, skipped=folder.skipped)
     return info, dict(folder_splits)

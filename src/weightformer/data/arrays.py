@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
+
+from .errors import DataError
+
 
 class ArrayImageDataset(Dataset):
     """Images held in memory as a (N, H, W) uint8 array, served as PIL images through a transform."""
@@ -26,4 +30,3 @@ class ArrayImageDataset(Dataset):
         if self.transform is not None:
             img = self.transform(img)
         return img, int(self.labels[index])
-

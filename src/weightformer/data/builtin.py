@@ -5,22 +5,19 @@
 
 ``glyph_match``, ``glyph_count``, ``path_link``: the long-range probes of :mod:`.probes`, generated
 on the fly. Options follow the name after a colon, ``glyph_match:size=64,train=4000,val=1000,seed=0``
-(each optional; those are the defaults; the glyph probes also take ``glyphs=2..10``, default 10). The held-out images come from their own seed stream, so
-they never repeat training images' draws. ``scale=INT`` fixes the glyph cell (the stroke width of
+(each optional; those are the defaults; the glyph probes also take ``glyphs=2..10``, default 10). The
+held-out images come from their own seed stream. ``scale=INT`` fixes the glyph cell (the stroke width of
 ``path_link``) in pixels, which otherwise grows with the size: ``glyph_match:size=128,scale=2`` draws the
 64 px glyphs on a 128 px canvas. A size a probe cannot draw at its scale is refused in one line.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -58,7 +55,7 @@ PROBE_OPTIONS = {"size": 64, "train": 4000, "val": 1000, "seed": 0}
 
 
 def _probe_defaults(size: int) -> dict[str, Any]:
-    """The issue's probe recipe: a 4-block, 64-d WeightFormer at patch 4, 12 epochs, no augmentation."""
+    """The probes' recipe: a 4-block, 64-d WeightFormer at patch 4, 12 epochs, no augmentation."""
     return {
         "model": "weightformer_tiny",
         "model_kwargs": {"patch_size": 4, "embed_dim": 64, "depth": 4, "drop_path_rate": 0.0},
@@ -152,23 +149,17 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = _BuiltinRegistry({
 })
 
 
-
 def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, ArrayImageDataset]]:
-    """Load a bundled data set: its spec and ``{"train": ..., "val": ...}`` without transforms.
-
-    With ``warn``, a folder named ``name`` in the working directory, which the name does not
-    reach, is pointed out in one :class:`BuiltinNameWarning`.
-    """
+    """Load a bundled data set: its spec and ``{"train": ..., "val": ...}`` without transforms. With ``warn``,
+    a folder named ``name`` in the working directory, which the name does not reach, is pointed out in one
+    :class:`BuiltinNameWarning`."""
     from .arrays import ArrayImageDataset
 
     if name not in BUILTIN_DATASETS:
         raise DataError(f"unknown built-in data set {name!r}; choose one of {sorted(BUILTIN_DATASETS)}")
     if warn and os.path.isdir(name):
-        warnings.warn(
-            f"using the built-in {name} data set, not the folder ./{name}; pass --data ./{name} to use the folder",
-            BuiltinNameWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"using the built-in {name} data set, not the folder ./{name}; pass --data ./{name} to use "
+                      f"the folder", BuiltinNameWarning, stacklevel=2)
     spec = BUILTIN_DATASETS[name]
     if spec.probe:
         return spec, _generate_probe(spec)
@@ -183,11 +174,9 @@ def load_builtin(name: str, warn: bool = True) -> tuple[BuiltinSpec, dict[str, A
     return spec, splits
 
 
-
 def _generate_probe(spec: BuiltinSpec) -> dict[str, ArrayImageDataset]:
     """Train and val splits of a probe, from separate seed streams (seed·2 and seed·2 + 1)."""
     from .arrays import ArrayImageDataset
-
     from .probes import PROBES
 
     generate = PROBES[spec.probe][0]

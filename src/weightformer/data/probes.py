@@ -5,14 +5,13 @@ Every generator is deterministic in its seed and returns ``(images, labels)``, i
 uint8 array (0 background, 255 ink) and labels a (N,) int64 array:
 
 - ``glyph_match``: two glyphs from a bank of 10 (5×5 bit patterns; option ``glyphs`` uses the first
-  k), one near the left edge and one near the right edge, at random heights. Label 1 if they are the same glyph, else 0 (half each).
-  A model must carry one glyph's identity across the whole width to compare it with the other.
+  k), one near the left edge and one near the right edge, at random heights. Label 1 if they are the
+  same glyph, else 0 (half each): one glyph's identity must be carried across the whole width.
 - ``glyph_count``: 1 to 4 copies of a glyph scattered without overlap; label = count - 1. A
   control: a sum over tokens solves it, so every model should.
 - ``path_link``: two curves that do not touch, and two square markers at least a quarter of the
   image apart. Label 1 if both markers sit on the two ends of the same curve, 0 if they sit on ends
-  of different curves (half each). The
-  answer needs the curve followed end to end (a small "Pathfinder").
+  of different curves (half each): the curve must be followed end to end (a small "Pathfinder").
 
 Sizes: ``size`` (pixels, 32 or more) and the image count. ``scale`` is the pixels per glyph cell
 (the glyph probes) or the stroke width (``path_link``); by default it grows with the canvas

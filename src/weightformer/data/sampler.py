@@ -19,30 +19,18 @@ class ResumableSampler(Sampler[int]):
     :class:`torch.utils.data.DistributedSampler` does. With ``pad`` the permutation is extended by
     repeating its head so all ranks get the same count (training); without it shards may differ
     by one (evaluation, where every sample must count once). ``set_epoch(e, start)`` skips the
-    first ``start`` indices of this rank's shard: the ones consumed before a checkpoint.
+    first ``start`` indices of this rank's shard: those a checkpoint records as consumed.
     """
 
-    def __init__(
-        self,
-        num_samples: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        shuffle: bool = True,
-        seed: int = 0,
-        pad: bool = True,
-    ):
+    def __init__(self, num_samples: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0,
+                 pad: bool = True):
         if num_samples <= 0:
             raise ValueError(f"num_samples must be positive, got {num_samples}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.num_samples = num_samples
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.shuffle = shuffle
-        self.seed = seed
-        self.pad = pad
-        self.epoch = 0
-        self.start = 0
+        self.num_samples, self.num_replicas, self.rank = num_samples, num_replicas, rank
+        self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.epoch = self.start = 0
 
     @property
     def shard_size(self) -> int:

@@ -65,92 +65,55 @@ class SeededTransformDataset(Dataset):
 
 
 def precompute(dataset: Dataset) -> TensorDataset:
-    """Apply a deterministic transform to every sample once: (N, C, H, W) images and (N,) labels in memory.
-
-    For small in-memory data sets (mnist) without augmentation, where the per-sample PIL pipeline
-    would cost more than the model.
-    """
+    """Apply a deterministic transform to every sample once: (N, C, H, W) images and (N,) labels in memory,
+    for small in-memory data sets (mnist) without augmentation."""
     images, labels = zip(*(dataset[i] for i in range(len(dataset))))  # type: ignore[arg-type]
     return TensorDataset(torch.stack(images), torch.tensor(labels, dtype=torch.long))
 
 
-def eval_data_config(
-    pretrained_cfg: Optional[Mapping[str, Any]],
-    *,
-    in_chans: int = 3,
-    img_size: Optional[int] = None,
-    interpolation: Optional[str] = None,
-    crop_pct: Optional[float] = None,
-    crop_mode: Optional[str] = None,
-    mean: Optional[tuple[float, ...]] = None,
-    std: Optional[tuple[float, ...]] = None,
-) -> dict[str, Any]:
-    """The evaluation preprocessing, resolved by timm exactly as ``timm/validate.py`` does it.
-
-    Values given here win; the rest come from the model's ``pretrained_cfg`` (for WeightFormer the
-    release's squash resize, bicubic, crop 0.875), then timm's defaults. Returns ``input_size``,
-    ``interpolation``, ``mean``, ``std``, ``crop_pct`` and ``crop_mode``.
-    """
+def eval_data_config(pretrained_cfg: Optional[Mapping[str, Any]], *, in_chans: int = 3,
+                     img_size: Optional[int] = None, interpolation: Optional[str] = None,
+                     crop_pct: Optional[float] = None, crop_mode: Optional[str] = None,
+                     mean: Optional[tuple[float, ...]] = None, std: Optional[tuple[float, ...]] = None
+                     ) -> dict[str, Any]:
+    """The evaluation preprocessing, resolved by timm as ``timm/validate.py`` does: values given here, then
+    the model's ``pretrained_cfg``, then timm's defaults. Returns ``input_size``, ``interpolation``, ``mean``,
+    ``std``, ``crop_pct`` and ``crop_mode``."""
     given = dict(in_chans=in_chans, img_size=img_size, interpolation=interpolation, crop_pct=crop_pct,
                  crop_mode=crop_mode, mean=mean, std=std)
     args = {key: value for key, value in given.items() if value is not None}
     return resolve_data_config(args, pretrained_cfg=dict(pretrained_cfg or {}) or None, use_test_size=True)
 
 
-def build_transforms(
-    img_size: int,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
-    *,
-    train_scale: tuple[float, float] = (0.08, 1.0),
-    hflip: float = 0.5,
-    color_jitter: float = 0.4,
-    auto_augment: Optional[str] = None,
-    reprob: float = 0.0,
-    interpolation: str = "bicubic",
-    crop_pct: float = 0.875,
-    crop_mode: str = "center",
-    no_aug: bool = False,
-) -> tuple[Callable, Callable]:
+def build_transforms(img_size: int, mean: tuple[float, ...], std: tuple[float, ...], *,
+                     train_scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5, color_jitter: float = 0.4,
+                     auto_augment: Optional[str] = None, reprob: float = 0.0, interpolation: str = "bicubic",
+                     crop_pct: float = 0.875, crop_mode: str = "center", no_aug: bool = False
+                     ) -> tuple[Callable, Callable]:
     """timm's ImageNet train and eval transforms: (train, val), both ending in normalised tensors.
 
-    The eval transform resizes to ``img_size / crop_pct`` (the shorter side for ``crop_mode``
-    "center", both sides for "squash") and centre-crops ``img_size``. ``no_aug`` makes the train
-    transform the deterministic eval one.
+    The eval transform resizes to ``img_size / crop_pct`` (the shorter side for ``crop_mode`` "center",
+    both sides for "squash") and centre-crops ``img_size``. ``no_aug`` makes the train transform the eval one.
     """
-    val = create_transform(
-        img_size, is_training=False, interpolation=interpolation, mean=mean, std=std, crop_pct=crop_pct,
-        crop_mode=crop_mode,
-    )
+    val = create_transform(img_size, is_training=False, interpolation=interpolation, mean=mean, std=std,
+                           crop_pct=crop_pct, crop_mode=crop_mode)
     if no_aug:
         return val, val
-    train = create_transform(
-        img_size,
-        is_training=True,
-        scale=tuple(train_scale),
-        hflip=hflip,
-        color_jitter=color_jitter,
-        auto_augment=auto_augment,
-        interpolation=interpolation,
-        mean=mean,
-        std=std,
-        re_prob=reprob,
-        re_mode="pixel",
-        re_count=1,
-    )
+    train = create_transform(img_size, is_training=True, scale=tuple(train_scale), hflip=hflip,
+                             color_jitter=color_jitter, auto_augment=auto_augment, interpolation=interpolation,
+                             mean=mean, std=std, re_prob=reprob, re_mode="pixel", re_count=1)
     _keep_posterize_in_range(train)
     return train, val
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
-    """timm's posterize, for every bit count its level mapping gives: timm's ``PosterizeIncreasing``
-    (in the release's ``rand-m9-mstd0.5-inc1``) maps the top magnitude to 0 bits, which Pillow 13
-    refuses (``bits must be between or equal to 1 and 8``) and older Pillow took as black. Written here
-    so that a long RandAugment run does not crash on its first such draw; same images as before."""
+    """timm's posterize for every bit count its level mapping gives: timm's ``PosterizeIncreasing`` (in the
+    release's ``rand-m9-mstd0.5-inc1``) maps the top magnitude to 0 bits, which Pillow 13 refuses; 0 bits
+    gives a black image."""
     if bits_to_keep >= 8:
         return img
     if bits_to_keep <= 0:
-        return Image.new(img.mode, img.size)  # every bit masked away: black, as Pillow < 13 gave
+        return Image.new(img.mode, img.size)  # every bit masked away: black
     return ImageOps.posterize(img, bits_to_keep)
 
 

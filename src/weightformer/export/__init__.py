@@ -12,15 +12,5 @@ __getattr__, __dir__ = _lazy_exports(__name__, {
     "export_program": "pt2", "load_pt2": "pt2", "to_pt2": "pt2", "run_summary": "source", "trained_size": "source",
 })
 
-__all__ = [
-    "check_onnx",
-    "export_program",
-    "load_pt2",
-    "model_card",
-    "push_to_hub",
-    "run_summary",
-    "to_hf",
-    "to_onnx",
-    "to_pt2",
-    "trained_size",
-]
+__all__ = ["check_onnx", "export_program", "load_pt2", "model_card", "push_to_hub", "run_summary", "to_hf", "to_onnx",
+           "to_pt2", "trained_size"]

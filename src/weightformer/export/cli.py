@@ -31,12 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "its model")
     p.add_argument("--pretrained", action="store_true", help="export timm's pretrained weights of --model")
     p.add_argument("--model-kwargs", "--model-arg", dest="model_kwargs", nargs="+", action="extend", metavar="KEY=VALUE",
-                   default=[],
-                   help="keyword arguments for timm.create_model, e.g. patch_size=4")
+                   default=[], help="keyword arguments for timm.create_model, e.g. patch_size=4")
     p.add_argument("--ema", action="store_true", help="export the checkpoint's EMA weights")
     p.add_argument("--format", required=True, choices=["hf", "onnx", "pt2"], help="what to write")
     p.add_argument("--out", required=True, help="output folder (hf) or file (onnx, pt2)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (the old one is moved aside to "
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (moved aside to "
                                                             "<out>.previous-<time>, never deleted)")
     p.add_argument("--img-size", type=int, help="side of the example traced for onnx/pt2 (default: the "
                                                 "checkpoint's training size, else the model's pretrained size)")

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from timm.models import save_for_hf
-from timm.models._hub import (
-    generate_readme,  # timm's model-card writer (not re-exported by timm.models)
-)
+from timm.models._hub import generate_readme  # timm's model-card writer (not re-exported by timm.models)
 from torch import nn
 
 from ..engine.errors import ConfigError
@@ -90,11 +88,10 @@ def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | Non
           overwrite: bool = False) -> Path:
     """Write ``model`` in timm's Hub layout into ``directory`` (config.json, model.safetensors, README.md).
 
-    ``meta``: what rebuilds it (a checkpoint's ``meta``; default: the model's timm name and class count);
-    its preprocessing and class names go into the config. ``run``: the metrics and settings for the
-    card (:func:`weightformer.export.source.run_summary`); ``command``: the command that made it.
-    Written into a temporary folder that takes ``directory``'s place when complete; an existing
-    non-empty ``directory`` is replaced only with ``overwrite``.
+    ``meta``: what rebuilds it (a checkpoint's; default: the model's timm name and class count), its
+    preprocessing and class names going into the config. ``run``: the card's metrics and settings
+    (:func:`weightformer.export.source.run_summary`); ``command``: the command that made it. Written through
+    a temporary folder; an existing non-empty ``directory`` is replaced only with ``overwrite``.
     """
     directory = Path(directory)
     meta = dict(meta or {"model": model.pretrained_cfg["architecture"], "in_chans": getattr(model, "in_chans", 3)})
@@ -117,14 +114,9 @@ def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | Non
 
 
 def _loadable_by_transformers(config_file: Path) -> None:
-    """Drop ``num_classes`` from the ``model_args`` of a config.json that timm wrote.
-
-    timm records it there and at the root; transformers' timm wrapper calls
-    ``timm.create_model(architecture, num_classes=<root num_classes, or 0 for AutoModel>, **model_args)``,
-    so a second ``num_classes`` in ``model_args`` stopped it with "got multiple values for keyword
-    argument 'num_classes'" (transformers 5.24 with timm 1.0.31, any timm model). timm itself builds
-    the same model without it: its loader takes the root ``num_classes``.
-    """
+    """Drop ``num_classes`` from the ``model_args`` of a config.json that timm wrote (timm reads the root's).
+    transformers' timm wrapper calls ``timm.create_model(architecture, num_classes=..., **model_args)``,
+    which a second ``num_classes`` in ``model_args`` stops with "got multiple values for keyword argument"."""
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config.get("model_args", {}).pop("num_classes", None)
     config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")  # indent as timm writes it
@@ -135,11 +127,7 @@ def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, toke
     """Upload a folder written by :func:`to_hf` to the Hub repository ``repo_id`` (created if needed);
     returns the commit URL. A refused login or repository name is a :class:`ConfigError`."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import (
-        HfHubHTTPError,
-        HFValidationError,
-        LocalTokenNotFoundError,
-    )
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError
 
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ConfigError(f"--push-to-hub takes ORG/NAME, got {repo_id!r}; e.g. --push-to-hub my-org/weightformer-t-mnist")

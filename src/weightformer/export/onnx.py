@@ -31,14 +31,10 @@ def _example(in_chans: int, size: Sequence[int], batch: int = 2) -> torch.Tensor
 
 
 def onnx_opsets() -> range:
-    """The ONNX opsets this torch.onnx can write, read off the installed libraries.
-
-    The dynamo exporter implements its operators at torchlib's opset (18) and reaches any other
-    through onnxscript's version converter, which it calls with a fallback that, outside the
-    converter's range, keeps the file at the exporter's own opset (asked for 1, it writes 18) or
-    writes operators the opset lacks. So: torchlib's opset up to the converter's maximum (and
-    ONNX's own).
-    """
+    """The ONNX opsets this torch.onnx can write, read off the installed libraries: torchlib's opset (18, at
+    which the dynamo exporter implements its operators) up to the maximum of onnxscript's version converter
+    (and ONNX's own). Outside it the exporter's fallback keeps its own opset or writes operators the opset
+    lacks."""
     import onnx.defs
     from torch.onnx._internal.exporter import _constants
 
@@ -74,25 +70,16 @@ def check_sizes(size: Sequence[int]) -> list[tuple[int, int, int]]:
     return [(2, h, w), (1, h * 10 // 7, w * 8 // 7), (3, h * 13 // 14, w * 17 // 14)]
 
 
-def to_onnx(
-    model: nn.Module,
-    path: str | Path,
-    in_chans: int = 3,
-    img_size: int | Sequence[int] = 224,
-    opset: int | None = None,
-    overwrite: bool = False,
-    check: bool = True,
-    check_at: Iterable[Sequence[int]] | None = None,
-    atol: float = 1e-4,
-) -> dict[str, float]:
+def to_onnx(model: nn.Module, path: str | Path, in_chans: int = 3, img_size: int | Sequence[int] = 224,
+            opset: int | None = None, overwrite: bool = False, check: bool = True,
+            check_at: Iterable[Sequence[int]] | None = None, atol: float = 1e-4) -> dict[str, float]:
     """Export ``model`` (eval mode) to ``path`` with dynamic batch, height and width axes.
 
-    The input is named ``images`` (B, in_chans, H, W) and the output ``logits``. The example traced
-    is 2 × ``img_size``; with ``check``, onnxruntime then runs the file at that size and at the
-    (batch, height, width) of ``check_at`` (default :func:`check_sizes`), and the export fails unless
-    every output is within ``atol`` of PyTorch's. Returns the largest difference at each size.
-    The file is written atomically and never over an existing one unless ``overwrite``. An ``opset``
-    outside :func:`onnx_opsets`, or an ``img_size`` the export cannot trace at
+    Input ``images`` (B, in_chans, H, W), output ``logits``, traced at 2 × ``img_size``. With ``check``,
+    onnxruntime runs the file at that size and at the (batch, height, width) of ``check_at`` (default
+    :func:`check_sizes`) and the export fails unless every output is within ``atol`` of PyTorch's; returns
+    the largest difference at each size. Written atomically, never over a file unless ``overwrite``. An
+    ``opset`` outside :func:`onnx_opsets`, or an ``img_size`` the export cannot trace at
     (:func:`weightformer.export.sizes.check_export_sizes`), is a ConfigError before any tracing.
     """
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -104,12 +91,10 @@ def to_onnx(
     with output_file(Path(path), overwrite) as tmp:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
-            torch.onnx.export(
-                model, (example,), str(tmp), dynamo=True, external_data=False, opset_version=opset,
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                dynamic_shapes={"x": DYNAMIC_AXES} if _forward_arg(model) == "x" else (DYNAMIC_AXES,),
-                verbose=False,
-            )
+            torch.onnx.export(model, (example,), str(tmp), dynamo=True, external_data=False, opset_version=opset,
+                              input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                              dynamic_shapes={"x": DYNAMIC_AXES} if _forward_arg(model) == "x" else (DYNAMIC_AXES,),
+                              verbose=False)
         written = _written_opset(tmp) if opset is not None else None
         if opset is not None and written != opset:  # the converter gave up and kept its own opset
             raise ConfigError(f"--opset {opset}: the exporter could not convert this model to opset {opset} and "
@@ -126,11 +111,8 @@ def _forward_arg(model: nn.Module) -> str:
 
 def check_onnx(path: str | Path, model: nn.Module, in_chans: int, sizes: Iterable[Sequence[int]],
                atol: float = 1e-4) -> dict[str, float]:
-    """Run the ONNX file in onnxruntime (CPU) at each (batch, height, width) and compare with ``model``.
-
-    Returns ``{"BxHxW": max |difference|}``; raises ``RuntimeError`` when one exceeds ``atol`` (an
-    export that computes something else is a bug, not a user's mistake).
-    """
+    """Run the ONNX file in onnxruntime (CPU) at each (batch, height, width) and compare with ``model``:
+    ``{"BxHxW": max |difference|}``, a ``RuntimeError`` (a bug, not a user's mistake) when one exceeds ``atol``."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -1,16 +1,11 @@
 """The image sizes an export may be traced at, checked before any tracing.
 
 An export (ONNX or ``.pt2``) traces the model at one example size and keeps batch, height and width
-symbolic. That only holds when the example is an ordinary size for the model:
-
-- the model must take it at all (an image smaller than one patch is refused in one line, by the
-  same eager forward that training uses: :func:`weightformer.classification.model.check_input_size`);
-- its last feature map must not be tiny: tracers specialise a side of 1 (the program would then
-  take that one size only), and WeightFormer's dynamic layers pool the token grid 2×2, so a grid
-  under 4×4 takes other code paths that the trace bakes in. The example must give a grid of at
-  least :func:`min_export_side` pixels;
-- the model must take other sizes too (a ViT with fixed position embeddings does not: its export
-  could not be dynamic), which an eager forward at the other sizes the export serves shows.
+symbolic, which holds only when the model takes the example at all
+(:func:`weightformer.classification.model.check_input_size`), its last feature map is not tiny (tracers
+specialise a side of 1, and WeightFormer's 2×2 pooling takes other code paths under 4×4 tokens: at least
+:func:`min_export_side` pixels), and the model takes other sizes too (a ViT with fixed position
+embeddings does not), which an eager forward at the sizes the export serves shows.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What the exports need to know about the classifier they ship, beyond the model itself: the side it
-was trained at, and the run that made it (for the model card).
-
-The classifier comes from :func:`weightformer.engine.load_model` (``task="classification"``), the one
-reader of checkpoints: our ``last.pt``/``best.pt`` rebuild from their ``meta``; other files (the
-authors' releases, timm or bare state dicts) need ``model`` to name the architecture.
-"""
+"""What the exports need to know about the classifier they ship (from
+:func:`weightformer.engine.load_model`), beyond the model itself: the side it was trained at, and the
+run that made it (for the model card)."""
 
 from __future__ import annotations
 

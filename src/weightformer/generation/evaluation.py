@@ -5,7 +5,8 @@ Inception Score, precision and recall come from torch-fidelity. They cannot be d
 offline the scores are those of a *judge*: a small CNN classifier trained on the same data's training
 split, independent of any generator (cached under ``~/.cache/weightformer/judges``). It gives the
 class-conditional accuracy of the samples (does a sample of class k look like a k?) and a Fréchet
-distance between its penultimate features of the samples and of the reference images. That distance is not comparable to published FID.
+distance between its penultimate features of the samples and of the reference images, not comparable
+to published FID.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from ..progress import progress as progress_lines
 __all__ = ["INCEPTION_FILE", "Judge", "frechet_distance", "inception_metrics", "judge_metrics", "train_judge"]
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # what torch-fidelity downloads
-# The judge's recipe: 6 epochs of AdamW with a one-cycle rate and ±2 px random shifts; on the bundled
-# MNIST it reaches 98.7% on the 2,000 held-out digits in ~20 s of one CPU thread (docs/generation.md).
+# The judge's recipe: 6 epochs of AdamW with a one-cycle rate and ±2 px random shifts (its accuracy on the
+# bundled MNIST: docs/generation.md).
 JUDGE_EPOCHS, JUDGE_BATCH, JUDGE_LR, JUDGE_SHIFT = 6, 128, 5e-3, 2
-JUDGE_VERSION = 2  # part of the cache key: a judge cached by an older recipe is not reused
+JUDGE_VERSION = 2  # part of the cache key: a judge cached by another recipe is not reused
 
 
 def _conv_bn(cin: int, cout: int) -> list[nn.Module]:
@@ -117,11 +118,9 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     """‖μ_a − μ_b‖² + Tr(Σ_a + Σ_b − 2(Σ_aΣ_b)^½) of two feature sets (N, D), FID's formula.
 
     Tr((Σ_aΣ_b)^½) is the sum of the square roots of the eigenvalues of the symmetric PSD matrix
-    Σ_a^½ Σ_b Σ_a^½ (similar to Σ_aΣ_b). Written here instead of pytorch-fid's ``scipy.linalg.sqrtm``
-    of the non-symmetric product: the same value (tests/test_generation_task.py compares them), 8x
-    faster at D = 128 (17 against 140 ms, medians of 5), and symmetric eigen-solvers need neither the
-    "matrix is singular" warning nor the ad-hoc offset that sqrtm needs when the covariances are
-    singular (fewer samples than dimensions, or dead ReLU features, as the judge's are)."""
+    Σ_a^½ Σ_b Σ_a^½ (similar to Σ_aΣ_b): the value of pytorch-fid's ``scipy.linalg.sqrtm`` of the product
+    (tests/test_generation_task.py compares them), without the offset sqrtm needs for singular covariances
+    (fewer samples than dimensions, or dead ReLU features, as the judge's are)."""
     mu_a, mu_b = a.mean(0), b.mean(0)
     cov_a, cov_b = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
     values, vectors = np.linalg.eigh(cov_a)

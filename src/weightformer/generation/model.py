@@ -141,12 +141,9 @@ class WeightFormerDiTBlock(nn.Module):
         )
 
     def forward_in_place_(self, x: Tensor, c: Tensor) -> None:
-        """``x = self(x, c)`` in place, without gradients, for a contiguous x (B, N, C) that the caller owns.
-
-        Holds x, the modulated stream and the conv's output at most: LN(x) overwrites x chunk by chunk,
-        the gated conv output is added into it, and the MLP runs over chunks of tokens, each chunk's gated
-        output added into x (a dynamic block also holds the modulated stream its predictor pools).
-        Element-wise steps are the plain path's, in place."""
+        """``x = self(x, c)`` in place, without gradients, for a contiguous x (B, N, C) that the caller owns:
+        LN(x) overwrites x chunk by chunk, the gated conv output is added into it, and the MLP adds each chunk
+        of tokens' gated output into x. Holds x, the modulated stream and the conv's output at most."""
         shift1, scale1, gate1, shift2, scale2, gate2 = (m.unsqueeze(1) for m in self.adaLN_modulation(c).chunk(6, dim=1))
         B, N, C = x.shape
         H, W = self.grid
@@ -227,23 +224,10 @@ class WeightFormerDiT(nn.Module):
     long-range design (``wf_dit_long_range_*``, see :mod:`.variants`).
     """
 
-    def __init__(
-        self,
-        input_size: int = 32,
-        patch_size: int = 2,
-        in_channels: int = 4,
-        hidden_size: int = 1152,
-        depth: int = 28,
-        mlp_ratio: float = 4.0,
-        class_dropout_prob: float = 0.1,
-        num_classes: int = 1000,
-        learn_sigma: bool = True,
-        mixer: str = "weightformer",
-        num_heads: int = 16,
-        guidance: str = "release",
-        linear_predictor: str = "bilateral",
-        dynamic_period: int = 3,
-    ):
+    def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
+                 depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
+                 learn_sigma: bool = True, mixer: str = "weightformer", num_heads: int = 16,
+                 guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3):
         super().__init__()
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
@@ -359,13 +343,10 @@ _RELEASE_RENAMES = (
 
 
 def checkpoint_filter_fn(state_dict: Mapping[str, Tensor], model: WeightFormerDiT | None = None) -> dict[str, Tensor]:
-    """A state dict of the release's ``model/wfm_dit.py`` (or one of ours) as :class:`WeightFormerDiT` keys.
-    ``model`` is unused: the contract of timm's filter functions, ``(state_dict, model)``, which the
-    engine's weights reader calls.
-
-    DiT's training checkpoints hold ``{"model", "ema", "opt", "args"}``; pass the ``"ema"`` entry (as
-    DiT's sample.py does) or ``"model"``. Keys already in our layout pass through unchanged.
-    """
+    """A state dict of the release's ``model/wfm_dit.py`` (or one of ours, unchanged) as :class:`WeightFormerDiT`
+    keys. ``model`` is unused (timm's filter contract, which the engine's weights reader calls). Of DiT's
+    training checkpoints ``{"model", "ema", "opt", "args"}`` pass the ``"ema"`` entry (as DiT's sample.py
+    does) or ``"model"``."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
         key = key.removeprefix("module.")

@@ -15,14 +15,12 @@ adaptive average pool of X to K×K and ḡ = mean(X) ∈ R^C:
   convolution (zero padding) followed by a 1×1 convolution.
 
 Traced forms. In eager mode the per-sample kernels run as one grouped convolution with B·C groups
-and P_K is ``F.adaptive_avg_pool2d``. Neither survives tracing with symbolic sizes: ONNX ``Conv``
-takes its group count as a constant, ``torch.compile`` guards on it, and an exported adaptive pool
-keeps the bin indices of the example's size. While ``torch.compile`` or ``torch.export`` (and so
-the ONNX exporter) traces the layer, it therefore runs the same arithmetic in forms whose sizes
-stay symbolic: the convolution as a sum of K² shifted, per-sample-scaled copies of the input
-(:func:`per_sample_depthwise_conv_taps`) and the pool as two averaging matrices built from the
-input size (:func:`adaptive_avg_pool_matrices`). Both equal the eager forms up to float rounding
-(tested), and Inductor fuses the K² taps into one pass.
+and P_K is ``F.adaptive_avg_pool2d``; neither survives tracing with symbolic sizes (ONNX ``Conv``
+takes its group count as a constant, an exported adaptive pool keeps the example's bins). While
+``torch.compile`` or ``torch.export`` (and so the ONNX exporter) traces the layer, it runs the same
+arithmetic as K² shifted, per-sample-scaled copies of the input (:func:`per_sample_depthwise_conv_taps`)
+and two averaging matrices built from the input size (:func:`adaptive_avg_pool_matrices`), equal to
+the eager forms up to float rounding (tested).
 """
 
 
@@ -33,25 +31,15 @@ from timm.layers import trunc_normal_
 
 from .dynamic_layer import DWCONV_PREDICTORS, DynamicWeightLayer, register_predictor
 
-__all__ = [
-    "DWCONV_PREDICTORS",
-    "adaptive_avg_pool",
-    "adaptive_avg_pool_matrices",
-    "per_sample_depthwise_conv_taps",
-    "DynamicDWConv",
-    "AdaptiveKernelPredictor",
-    "GapKernelPredictor",
-    "AmplitudeDirectionKernelPredictor",
-    "ConvKernelPredictor",
-]
+__all__ = ["DWCONV_PREDICTORS", "adaptive_avg_pool", "adaptive_avg_pool_matrices", "per_sample_depthwise_conv_taps",
+           "DynamicDWConv", "AdaptiveKernelPredictor", "GapKernelPredictor", "AmplitudeDirectionKernelPredictor",
+           "ConvKernelPredictor"]
 
 
 def adaptive_avg_pool_matrices(x: Tensor, size: int) -> Tensor:
-    """``F.adaptive_avg_pool2d(x, size)`` as A_H · X · A_Wᵀ, with A_n (size, n) averaging PyTorch's bins.
-
-    Bin i of a side n covers [⌊i·n/size⌋, ⌈(i+1)·n/size⌉). The matrices are computed from the
-    input's shape, so a traced graph pools any size correctly. Shapes (B, C, H, W) -> (B, C, size, size).
-    """
+    """``F.adaptive_avg_pool2d(x, size)`` as A_H · X · A_Wᵀ, A_n (size, n) averaging PyTorch's bins: bin i of a
+    side n covers [⌊i·n/size⌋, ⌈(i+1)·n/size⌉). Built from the input's shape, so a traced graph pools any
+    size correctly. Shapes (B, C, H, W) -> (B, C, size, size)."""
     H, W = x.shape[-2], x.shape[-1]
     rows = _bin_average_matrix(H, size, x)  # (size, H)
     cols = _bin_average_matrix(W, size, x)  # (size, W)
@@ -78,13 +66,10 @@ def adaptive_avg_pool(x: Tensor, size: int) -> Tensor:
 
 
 def per_sample_depthwise_conv_taps(x: Tensor, kernel: Tensor, bias: Tensor) -> Tensor:
-    """Depthwise convolution with one K×K kernel per sample and channel, "same" zero padding, as a
-    sum of K² shifted copies of the input: y = b + Σ_ij K[:, :, i, j] · pad(X)[:, :, i:i+H, j:j+W].
-
-    No group count appears, so every size can stay symbolic (ONNX, torch.export, torch.compile).
-    Works channels-last, the layout the blocks hold their tokens in.
-    Shapes: x (B, C, H, W), kernel (B, C, K, K), bias (C,) -> (B, C, H, W).
-    """
+    """Depthwise convolution with one K×K kernel per sample and channel, "same" zero padding, as a sum of K²
+    shifted copies of the input: y = b + Σ_ij K[:, :, i, j] · pad(X)[:, :, i:i+H, j:j+W]. No group count, so
+    every size can stay symbolic. Channels-last, as the blocks hold their tokens.
+    Shapes: x (B, C, H, W), kernel (B, C, K, K), bias (C,) -> (B, C, H, W)."""
     K = kernel.shape[-1]
     H, W = x.shape[-2], x.shape[-1]
     padded = F.pad(x.permute(0, 2, 3, 1), (0, 0, K // 2, K // 2, K // 2, K // 2))  # (B, H+K-1, W+K-1, C)
@@ -172,33 +157,16 @@ class ConvKernelPredictor(nn.Module):
 class DynamicDWConv(DynamicWeightLayer):
     """Depthwise convolution with a per-sample kernel, y = (K + ΔK̂(X)) ∗ X + b, "same" padding.
 
-    ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel c, so the update stays shorter than one; ΔK comes
-    from a predictor (see the module docstring). Shapes: x (B, C, H, W) -> (B, C, H, W), like the
-    static ``nn.Conv2d(C, C, K, padding=K // 2, groups=C)`` it replaces. K must be odd.
+    ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel c; ΔK comes from a predictor (module docstring). Shapes
+    (B, C, H, W) -> (B, C, H, W), like the ``nn.Conv2d(C, C, K, padding=K // 2, groups=C)`` it replaces; K odd.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        kernel_size: int = 3,
-        predictor: str = "adaptive",
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, dim: int, kernel_size: int = 3, predictor: str = "adaptive", device=None, dtype=None):
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be a positive odd number for 'same' padding, got {kernel_size}")
-        super().__init__(
-            "dynamic depthwise-conv",
-            DWCONV_PREDICTORS,
-            predictor,
-            (dim, kernel_size),
-            weight_shape=(dim, 1, kernel_size, kernel_size),
-            bias_size=dim,
-            device=device,
-            dtype=dtype,
-        )
-        self.dim = dim
-        self.kernel_size = kernel_size
+        super().__init__("dynamic depthwise-conv", DWCONV_PREDICTORS, predictor, (dim, kernel_size),
+                         weight_shape=(dim, 1, kernel_size, kernel_size), bias_size=dim, device=device, dtype=dtype)
+        self.dim, self.kernel_size = dim, kernel_size
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}"
@@ -216,16 +184,11 @@ class DynamicDWConv(DynamicWeightLayer):
                 return per_sample_depthwise_conv_taps(x, kernel, self.bias)
         # Fold the batch into the channels, channels-last: (H, W, B, C) -> one grouped conv with B·C
         # groups gives every sample its own kernels. For a channels-last x (a permuted token grid) the
-        # fold is a view when B == 1 and one copy otherwise; an NCHW fold would make mkldnn take its
-        # slow planar path (measured 5-20x slower here).
+        # fold is a view when B == 1 and one copy otherwise; an NCHW fold would send mkldnn down its
+        # slow planar path.
         folded = x.permute(2, 3, 0, 1).reshape(1, H, W, B * C).permute(0, 3, 1, 2)  # (1, B·C, H, W)
-        out = F.conv2d(
-            folded,
-            kernel.reshape(B * C, 1, K, K),
-            self.bias.to(x.dtype).repeat(B),
-            padding=K // 2,
-            groups=B * C,
-        )  # (1, B·C, H, W), channels-last
+        out = F.conv2d(folded, kernel.reshape(B * C, 1, K, K), self.bias.to(x.dtype).repeat(B), padding=K // 2,
+                       groups=B * C)  # (1, B·C, H, W), channels-last
         return out.permute(0, 2, 3, 1).reshape(H, W, B, C).permute(2, 3, 0, 1)  # (B, C, H, W)
 
     def forward_reference(self, x: Tensor) -> Tensor:

@@ -36,17 +36,8 @@ class DynamicWeightLayer(nn.Module):
     ``forward_reference`` (the paper's pseudocode, the baseline for speed-ups); subclasses define both.
     """
 
-    def __init__(
-        self,
-        kind: str,
-        predictors: Dict[str, type],
-        predictor: str,
-        predictor_args: Tuple[int, ...],
-        weight_shape: Sequence[int],
-        bias_size: int,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, kind: str, predictors: Dict[str, type], predictor: str, predictor_args: Tuple[int, ...],
+                 weight_shape: Sequence[int], bias_size: int, device=None, dtype=None):
         super().__init__()
         if predictor not in predictors:
             raise ValueError(f"unknown {kind} predictor {predictor!r}; choose one of {sorted(predictors)}")

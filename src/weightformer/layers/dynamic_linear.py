@@ -28,27 +28,14 @@ from timm.layers import trunc_normal_
 from .dynamic_layer import LINEAR_PREDICTORS, DynamicWeightLayer, register_predictor
 from .inference import hookless
 
-__all__ = [
-    "LINEAR_PREDICTORS",
-    "DynamicLinear",
-    "BilateralPredictor",
-    "LinearPredictor",
-    "NonlinearPredictor",
-    "DeepPredictor",
-    "GapPredictor",
-    "pool_2x2",
-    "pool_2x2_window",
-]
+__all__ = ["LINEAR_PREDICTORS", "DynamicLinear", "BilateralPredictor", "LinearPredictor", "NonlinearPredictor",
+           "DeepPredictor", "GapPredictor", "pool_2x2", "pool_2x2_window"]
 
 
 class _AddNormalisedRows(torch.autograd.Function):
-    """W + Δ/(‖Δ‖+1), row-wise, with a hand-written backward.
-
-    Autograd's version of this normalise-and-add makes about a dozen passes over the per-sample
-    weights (B, O, C); this one makes five (measured 2-3x faster on the CPU, which is 3-4% of a
-    WeightFormer-T training step at 224², batch 16). With s = 1/(‖Δ‖+1) and g the output gradient:
-    ∂/∂Δ = g·s − Δ·s²·⟨g, Δ⟩/‖Δ‖ and ∂/∂W = Σ_batch g.
-    """
+    """W + Δ/(‖Δ‖+1), row-wise, with a hand-written backward: five passes over the per-sample weights
+    (B, O, C) where autograd makes about a dozen. With s = 1/(‖Δ‖+1) and g the output gradient:
+    ∂/∂Δ = g·s − Δ·s²·⟨g, Δ⟩/‖Δ‖ and ∂/∂W = Σ_batch g."""
 
     @staticmethod
     def forward(ctx, weight: Tensor, delta: Tensor) -> Tensor:
@@ -76,10 +63,8 @@ def add_normalised_rows(weight: Tensor, delta: Tensor) -> Tensor:
 def pool_2x2(x: Tensor) -> Tensor:
     """Average-pool a token grid 2×2 as the release's ``AvgPool2d(2)``: (B, H, W, C) -> (B, N', C).
 
-    Each side is floored, N' = ⌊H/2⌋·⌊W/2⌋: on an odd side the last row or column is left out of
-    the pooled tokens (they still count in the 1/N scale, which uses the full N). The release cannot
-    pool a side of 1; that side is kept as it is (a window of 1 along it), so N' = 1 on a 1×1 grid.
-    """
+    N' = ⌊H/2⌋·⌊W/2⌋: an odd side's last row or column is left out (it still counts in the 1/N
+    scale). A side of 1, which the release cannot pool, is kept (window 1 along it)."""
     B, H, W, C = x.shape
     pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), pool_2x2_window(H, W))  # (B, C, H', W')
     return pooled.flatten(2).transpose(1, 2)  # (B, N', C)
@@ -91,6 +76,12 @@ def pool_2x2_window(H: int, W: int) -> tuple[int, int]:
     return min(H, 2), min(W, 2)
 
 
+def reset_linear(linear: nn.Linear) -> None:
+    """A predictor's linear layer as the release sets it: truncated normal weight (std 0.02), zero bias."""
+    trunc_normal_(linear.weight, std=0.02)
+    nn.init.zeros_(linear.bias)
+
+
 class _LowRankPredictor(nn.Module):
     """Shared parameters of the ΔW predictors: the projection W_p and the bases U_in, U_out."""
 
@@ -98,14 +89,10 @@ class _LowRankPredictor(nn.Module):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         if in_features % reduction or out_features % reduction:
-            raise ValueError(
-                f"in_features ({in_features}) and out_features ({out_features}) must be divisible by "
-                f"the predictor reduction ({reduction}); pick widths that are multiples of {reduction}"
-            )
-        self.in_features = in_features
-        self.out_features = out_features
-        self.in_rank = in_features // reduction
-        self.out_rank = out_features // reduction
+            raise ValueError(f"in_features ({in_features}) and out_features ({out_features}) must be divisible by "
+                             f"the predictor reduction ({reduction}); pick widths that are multiples of {reduction}")
+        self.in_features, self.out_features = in_features, out_features
+        self.in_rank, self.out_rank = in_features // reduction, out_features // reduction
         self.scale = in_features**-0.5
         self.proj = nn.Linear(in_features, self.in_rank + self.out_rank, **dd)
         self.in_basis = nn.Parameter(torch.empty(self.in_rank, in_features, **dd))
@@ -116,29 +103,20 @@ class _LowRankPredictor(nn.Module):
     def reset_parameters(self) -> None:
         """W_p, U_in and U_out as in the release: truncated normal (std 0.02), zero bias. A subclass that adds
         parameters calls this and then sets its own, in its ``__init__`` as well."""
-        trunc_normal_(self.proj.weight, std=0.02)
-        nn.init.zeros_(self.proj.bias)
+        reset_linear(self.proj)
         trunc_normal_(self.in_basis, std=0.02)
         trunc_normal_(self.out_basis, std=0.02)
 
     def expand(self, core: Tensor) -> Tensor:
-        """Lift a low-rank core (B, C/r, O/r) to ΔWᵀ = (U_inᵀ·core·U_out)ᵀ, returned as (B, O, C).
-
-        The order costs C·O·C/r + C/r·O/r·O multiply-adds per sample; lifting the O side last
-        would cost O/r·O·C, four times more at the MLP's 4× width.
-        """
+        """Lift a low-rank core (B, C/r, O/r) to ΔWᵀ = (U_inᵀ·core·U_out)ᵀ (B, O, C). Lifting the O side first
+        costs C·O·C/r + C/r·O/r·O multiply-adds per sample, four times fewer than the other order at 4× width."""
         lifted_out = torch.matmul(core, self.out_basis)  # (B, C/r, O)
         return torch.matmul(lifted_out.transpose(1, 2), self.in_basis)  # (B, O, C)
 
     def bilateral_core(self, p: Tensor, scale: float) -> Tensor:
-        """The core σ(P_in)ᵀσ(P_out)·scale (B, C/r, O/r) of ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale,
-        for P (B, N', C/r + O/r).
-
-        ΔW is then U_inᵀ·core·U_out: the N'-sized product shrinks to C/r × O/r first, so the cost is
-        N'·C·O/r² instead of N'·C·O. The predictors call ``torch.bmm`` for these batched products, the
-        kernel ``torch.matmul`` would reach: traced, ``matmul``'s decomposition records a batch-size
-        condition that makes an exported program refuse batch 1.
-        """
+        """The core σ(P_in)ᵀσ(P_out)·scale (B, C/r, O/r) of ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale, for P
+        (B, N', C/r + O/r): N'·C·O/r² multiply-adds instead of N'·C·O. ``torch.bmm``, not ``matmul``, whose
+        traced decomposition records a batch-size condition that makes an exported program refuse batch 1."""
         p_in, p_out = torch.split(F.silu(p), [self.in_rank, self.out_rank], dim=-1)
         return torch.bmm(p_in.transpose(1, 2), p_out) * scale
 
@@ -186,16 +164,12 @@ class DeepPredictor(_LowRankPredictor):
     def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
         super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
         self.hidden = nn.Linear(in_features, in_features, device=device, dtype=dtype)
-        self._reset_hidden()
-
-    def _reset_hidden(self) -> None:
-        trunc_normal_(self.hidden.weight, std=0.02)
-        nn.init.zeros_(self.hidden.bias)
+        reset_linear(self.hidden)
 
     def reset_parameters(self) -> None:
         """W_p, U_in, U_out as the release, then the hidden layer W_h (truncated normal 0.02, zero bias)."""
         super().reset_parameters()
-        self._reset_hidden()
+        reset_linear(self.hidden)
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
         num_tokens = x.shape[1] * x.shape[2]
@@ -215,36 +189,16 @@ class GapPredictor(_LowRankPredictor):
 class DynamicLinear(DynamicWeightLayer):
     """Linear layer with an input-dependent weight, y = X·(W + ΔŴ(X)) + b.
 
-    ΔŴ = ΔW / (‖ΔW‖₂ + 1), the norm taken over the input dimension of each output column, so every
-    column of the update stays shorter than one. ΔW comes from a predictor (see the module
-    docstring); its size is C×O whatever the token count N, so the layer costs O(N).
+    ΔŴ = ΔW / (‖ΔW‖₂ + 1), the norm over the input dimension of each output column. ΔW (module docstring)
+    is C×O whatever the token count N, so the layer costs O(N). x (B, H, W, C) -> (B, H, W, O), the grid
+    needed for the 2×2 pooling; the static ``weight`` is (O, C), like ``nn.Linear``'s."""
 
-    Shapes: x (B, H, W, C) -> (B, H, W, O). The grid is needed for the 2×2 pooling.
-    The static weight is stored as ``weight`` (O, C), like ``nn.Linear``.
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int | None = None,
-        predictor: str = "bilateral",
-        reduction: int = 4,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, in_features: int, out_features: int | None = None, predictor: str = "bilateral",
+                 reduction: int = 4, device=None, dtype=None):
         out_features = out_features or in_features
-        super().__init__(
-            "dynamic linear",
-            LINEAR_PREDICTORS,
-            predictor,
-            (in_features, out_features, reduction),
-            weight_shape=(out_features, in_features),
-            bias_size=out_features,
-            device=device,
-            dtype=dtype,
-        )
-        self.in_features = in_features
-        self.out_features = out_features
+        super().__init__("dynamic linear", LINEAR_PREDICTORS, predictor, (in_features, out_features, reduction),
+                         weight_shape=(out_features, in_features), bias_size=out_features, device=device, dtype=dtype)
+        self.in_features, self.out_features = in_features, out_features
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor_name}"
@@ -262,11 +216,9 @@ class DynamicLinear(DynamicWeightLayer):
         return add_normalised_rows(self.weight, delta_t)  # (B, O, C)
 
     def applies_low_rank(self, num_tokens: int) -> bool:
-        """Whether ``forward_fast`` applies ΔŴ in its low-rank form (:meth:`forward_low_rank`) to a sample of
-        ``num_tokens`` tokens: in eager mode, for a predictor whose ΔW is U_inᵀ·core·U_out, when that costs
-        fewer multiply-adds than forming each sample's C×O weight, N·C/r·(C + O) < C·O·C/r, i.e.
-        N < C·O/(C + O) (WeightFormer-S's fc1 at 224²: 196 tokens < 307). A hook on the predictor (the
-        analysis tools read ΔW through one) keeps the dense form, which calls the predictor."""
+        """Whether ``forward_fast`` takes :meth:`forward_low_rank` for ``num_tokens`` tokens: eager, a predictor
+        whose ΔW is U_inᵀ·core·U_out, no hook on it (the analysis tools read ΔW through one), and fewer
+        multiply-adds than forming the C×O weight, N·C/r·(C + O) < C·O·C/r, i.e. N < C·O/(C + O)."""
         if torch.jit.is_scripting() or torch.compiler.is_compiling():  # traced graphs keep one form for every size
             return False
         predictor_forward = type(self.predictor).forward
@@ -306,9 +258,7 @@ class DynamicLinear(DynamicWeightLayer):
 
 def dynamic_linear_reference(layer: DynamicLinear, x: Tensor) -> Tensor:
     """The paper's pseudocode, step by step and without re-association: the equivalence reference.
-
-    Only the bilateral predictor has a reference; the others reuse their (already plain) predictor.
-    """
+    Only the bilateral predictor has one; the others reuse their (already plain) predictor."""
     B, H, W, C = x.shape
     N = H * W
     if isinstance(layer.predictor, BilateralPredictor):

@@ -1,13 +1,10 @@
 """What the models' memory-saving inference paths share: when they may run, and how big a chunk is.
 
-Without gradients a block does not have to keep its MLP's hidden activations (4× the width of a
-token) for the whole grid at once, nor make a new tensor for every residual addition. The blocks of
-:mod:`weightformer.models.weightformer` and :mod:`weightformer.generation.model` then run their MLP
-over chunks of tokens whose hidden activations take about :data:`MLP_CHUNK_BYTES`, and add into the
-residual stream in place. Measured as the extra peak RSS of one forward at batch 1 (1 thread): at
-1248² WeightFormer-T's falls from 36 to 23 MiB (what is left: the block's input, its stream, one
-chunk, and the patch embedding's buffers), WF-DiT-S/2's at a latent side of 224 from 220 to 55 MiB.
-The arithmetic is the plain path's, token by token (tested against it).
+Without gradients a block need not keep its MLP's hidden activations (4× a token's width) for the
+whole grid, nor make a new tensor for every residual addition: the blocks of
+:mod:`weightformer.models.weightformer` and :mod:`weightformer.generation.model` run their MLP over
+chunks of tokens whose hidden activations take about :data:`MLP_CHUNK_BYTES` and add into the
+residual stream in place. The arithmetic is the plain path's, token by token (tested against it).
 """
 
 import torch
@@ -21,12 +18,9 @@ MLP_CHUNK_BYTES = 4 * 2**20
 
 
 def tokens_per_chunk(sample_tokens: int, hidden_width: int, element_size: int, rows: int) -> int:
-    """How many of ``rows`` tokens one chunk of an MLP with a ``hidden_width``-wide hidden layer takes.
-
-    All ``rows`` (one chunk, as many ops as the plain path) when one sample's hidden activations fit
-    in :data:`MLP_CHUNK_BYTES`: chunking is for large images, where a sample's MLP is what dominates
-    the peak; a batch of small images gains little from it and would pay for many more, smaller ops.
-    """
+    """How many of ``rows`` tokens one chunk of an MLP with a ``hidden_width``-wide hidden layer takes: all
+    of them when one sample's hidden activations fit in :data:`MLP_CHUNK_BYTES` (chunking is for large
+    images, where a sample's MLP dominates the peak; small images would only pay for more, smaller ops)."""
     step = max(1, MLP_CHUNK_BYTES // (hidden_width * element_size))
     return rows if sample_tokens <= step else step
 
@@ -47,9 +41,5 @@ def hookless(*modules: nn.Module) -> bool:
         if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
             return False
     hooks = nn.modules.module  # hooks registered for every module
-    return not (
-        hooks._global_forward_hooks
-        or hooks._global_forward_pre_hooks
-        or hooks._global_backward_hooks
-        or hooks._global_backward_pre_hooks
-    )
+    return not (hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)

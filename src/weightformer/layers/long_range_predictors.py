@@ -3,9 +3,9 @@
 Two things keep the released ``bilateral`` predictor from carrying a few distant tokens into ΔW:
 
 1. Scale. ΔW = U_inᵀ·core·U_out with every factor initialised at std 0.02 and the core averaged
-   over tokens: at init, and still after training on the probes of docs/analysis.md, its columns are
-   about 1e-5 long against the static weight's 0.16. The layer then behaves as a static one, and
-   the gradient that would grow ΔW is as small as ΔW's factors (a saddle at zero).
+   over tokens: at init its columns are about 1e-5 long against the static weight's 0.16 (after
+   training on the probes too: docs/analysis.md). The layer behaves as a static one, and the gradient
+   that would grow ΔW is as small as ΔW's factors (a saddle at zero).
 2. Dilution. core = Σ_t σ(p_in,t)ᵀσ(p_out,t) / N: a few informative tokens (two glyphs in 144) must
    beat the background's constant outer product N to a few.
 
@@ -30,13 +30,10 @@ Linear predictors (``linear_predictor=``):
 - ``double_centered`` (second-order statistics of the grid's residuals): as ``centered`` with each
   side's projections double-centred on the H'×W' grid of pooled tokens, D = σ(P) − row mean − column
   mean + grid mean, core = Σ_t D_in,tᵀ D_out,t. Any pattern that is a sum of a function of the row and
-  one of the column drops out, which the borders of zero-padded convolutions over a uniform
-  background are, but for the four corners (each edge's tokens deviate alike; the corners are four
-  tokens whatever the size). Under ``centered`` those border tokens dominate
-  the covariance of deep blocks (on a blank probe canvas its core is 0.8-1.1 times an image's) and
-  their count grows with the canvas' side while a few glyphs' does not, so unit(core), and ΔW with
-  it, changes with the canvas size (docs/analysis.md, "Resolution transfer"). Cost as ``centered``
-  plus the row and column means, N'·(C/r + O/r).
+  one of the column drops out: so do the borders of zero-padded convolutions over a uniform background
+  (but for the four corners), whose count grows with the canvas' side and which under ``centered``
+  make unit(core), and ΔW with it, change with the canvas size (docs/analysis.md, "Resolution
+  transfer"). Cost as ``centered`` plus the row and column means, N'·(C/r + O/r).
 
 Depthwise-conv predictor (``dwc_predictor=``):
 
@@ -52,7 +49,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from .dynamic_layer import register_predictor
-from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window
+from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
 __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "ScorePoolKernelPredictor",
            "ScorePoolPredictor", "double_center"]
@@ -67,12 +64,12 @@ class BilateralUnitPredictor(_LowRankPredictor):
 
     def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
         super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
-        # ΔW's entries are sums of C/r·O/r products of a unit core entry and two std-0.02 basis entries;
-        # a column has C of them.
         self.gain = nn.Parameter(torch.empty((), device=device, dtype=dtype))
         self._reset_gain()
 
     def _reset_gain(self) -> None:
+        # ΔW's entries are sums of C/r·O/r products of a unit core entry and two std-0.02 basis entries;
+        # a column has C of them.
         start = _INIT_COLUMN_NORM / (_INIT_STD**2 * (self.in_rank * self.out_rank * self.in_features) ** 0.5)
         with torch.no_grad():
             self.gain.fill_(start)
@@ -110,16 +107,12 @@ class ScorePoolPredictor(BilateralUnitPredictor):
         if self.in_rank % self.heads:
             raise ValueError(f"score_pool needs in_features / reduction ({self.in_rank}) divisible by {self.heads} heads")
         self.score = nn.Linear(in_features, self.heads, device=device, dtype=dtype)
-        self._reset_score()
-
-    def _reset_score(self) -> None:
-        trunc_normal_(self.score.weight, std=0.02)
-        nn.init.zeros_(self.score.bias)
+        reset_linear(self.score)
 
     def reset_parameters(self) -> None:
         """The unit-scaled predictor's parameters, then the scores (truncated normal 0.02, zero bias)."""
         super().reset_parameters()
-        self._reset_score()
+        reset_linear(self.score)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         pooled, p_in, p_out = self.activated(x)

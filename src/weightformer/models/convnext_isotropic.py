@@ -6,7 +6,6 @@ blocks at one width and resolution, LayerNorm, mean over tokens and a linear hea
 WeightFormer and DeiT. Registered as ``convnext_isotropic_tiny`` (192-d, 17 blocks, patch 16).
 """
 
-
 from functools import partial
 from typing import Optional
 
@@ -30,11 +29,8 @@ LAYER_SCALE_INIT = 1e-6
 
 class ConvNeXtIsotropic(nn.Module):
     """Patchify stem, ``depth`` ConvNeXt blocks at one resolution, pooled linear head (timm API subset).
-
-    ``global_pool`` is one of the WeightFormer's :data:`~weightformer.models.weightformer.GLOBAL_POOLS`
-    (timm's ``global_pool_nlc``, as WeightFormer's); with "" the head keeps the (B, C, h, w) grid, normalises each
-    position and classifies it, giving (B, classes, h, w).
-    """
+    ``global_pool``: one of WeightFormer's :data:`~weightformer.models.weightformer.GLOBAL_POOLS`; with "" the
+    head normalises and classifies each position of the grid, giving (B, classes, h, w)."""
 
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 192, depth: int = 17, kernel_size: int = 7, drop_path_rate: float = 0.0,

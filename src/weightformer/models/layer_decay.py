@@ -1,22 +1,14 @@
 """Layer-wise learning-rate decay for a whole detector or segmenter with a timm backbone inside.
 
 ViTDet scales the learning rate of block i of L by ``layer_decay ** (L - i)``, the stem (patch embedding,
-position embedding, class token) by ``layer_decay ** (L + 1)``, and trains the neck and heads at the base
-rate: they count as one layer above the last block. So does every other backbone parameter, the final
-norm included: detectron2's ``get_vit_lr_decay_rate`` gives layer L + 1 to whatever is neither stem nor
-block. (timm's ``group_matcher`` merges the final norm into the last block's group instead; here it is
-taken out again.)
+position embedding, class token) by ``layer_decay ** (L + 1)``, and trains the neck, the heads and every
+other backbone parameter, the final norm included, at the base rate (detectron2's
+``get_vit_lr_decay_rate``; timm's ``group_matcher`` would merge the final norm into the last block).
 
-Two traps, both closed here:
-
-* timm's ``param_groups_layer_decay`` reads the layers from the model's ``group_matcher``. A detector
-  wrapping the backbone (``detector.backbone.backbone``) has none, so timm puts every parameter into one
-  group and only logs a warning. This function calls timm on the backbone module itself and raises if
-  that module has no ``group_matcher``.
-* The groups only carry an ``lr_scale``; no optimizer reads it. timm's schedulers
-  (``timm.scheduler.create_scheduler_v2``, as the training engine uses) set each group's lr to
-  ``value * lr_scale`` on construction and on every ``step``/``step_update``; a ``torch.optim``
-  scheduler ignores it and trains every layer at the same rate.
+timm's ``param_groups_layer_decay`` reads the layers from the model's ``group_matcher``, which a detector
+wrapping the backbone lacks (timm would put every parameter in one group), so it is called on the
+backbone module itself. The groups carry an ``lr_scale`` that only timm's schedulers
+(``create_scheduler_v2``, as the engine uses) apply; a ``torch.optim`` scheduler ignores it.
 
 Example, runnable as is (a tiny random WeightFormer in a torchvision Mask R-CNN)::
 
@@ -82,13 +74,8 @@ def _find_backbone(model: nn.Module, backbone: Union[str, nn.Module]) -> Tuple[n
     raise ValueError(f"the backbone {type(backbone).__name__} is not a submodule of the {type(model).__name__} given")
 
 
-def layer_decay_param_groups(
-    model: nn.Module,
-    backbone: Union[str, nn.Module],
-    weight_decay: float,
-    layer_decay: float,
-    no_weight_decay_list: Collection[str] = (),
-) -> List[Dict[str, Any]]:
+def layer_decay_param_groups(model: nn.Module, backbone: Union[str, nn.Module], weight_decay: float,
+                             layer_decay: float, no_weight_decay_list: Collection[str] = ()) -> List[Dict[str, Any]]:
     """Optimizer parameter groups for ``model``: per-layer ``lr_scale`` on the backbone, 1.0 elsewhere.
 
     Args:
@@ -108,11 +95,9 @@ def layer_decay_param_groups(
         raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}")
     module, name = _find_backbone(model, backbone)
     if not hasattr(module, "group_matcher"):
-        raise ValueError(
-            f"the backbone {name or type(module).__name__!r} ({type(module).__name__}) has no group_matcher, so "
-            f"timm would put all its layers into one group; pass the timm model inside it "
-            f"(for SimpleFeaturePyramid, its .backbone)"
-        )
+        raise ValueError(f"the backbone {name or type(module).__name__!r} ({type(module).__name__}) has no "
+                         f"group_matcher, so timm would put all its layers into one group; pass the timm model "
+                         f"inside it (for SimpleFeaturePyramid, its .backbone)")
     layer_of = group_parameters(module, module.group_matcher(coarse=False), reverse=True)
     if max(layer_of.values()) == 0:
         raise ValueError(f"the group_matcher of {type(module).__name__} puts every parameter into one layer")
@@ -120,9 +105,8 @@ def layer_decay_param_groups(
     backbone_no_wd = set(getattr(module, "no_weight_decay", set)()) | {
         n for n, _ in module.named_parameters() if _matches(prefix + n, no_weight_decay_list)
     }
-    groups = param_groups_layer_decay(
-        module, weight_decay=weight_decay, no_weight_decay_list=backbone_no_wd, layer_decay=layer_decay
-    )
+    groups = param_groups_layer_decay(module, weight_decay=weight_decay, no_weight_decay_list=backbone_no_wd,
+                                      layer_decay=layer_decay)
     for group in groups:  # timm puts the backbone's last layer at 1; the neck and heads are one layer above
         group["lr_scale"] *= layer_decay
     above = {id(p) for n, p in module.named_parameters() if n in _above_blocks(module)}

@@ -14,31 +14,25 @@ backbone's width C:
 There are no further convolutions: UperNet's lateral convs come next. The transposed convolutions keep
 PyTorch's default initialisation, as in both references.
 
-The blocks are read without the backbone's final norm, as both references do (BEiT's segmentation
-backbone has none; Vim leaves its ``norm_f`` out of the features). The norm stays in the backbone, so
-that a classifier's weights load as they are, and is frozen (``requires_grad=False``): it gets no
-gradient and no optimizer state, and DistributedDataParallel finds no unused parameter. For the same
-reason the last index must be the last block (every reference's is): blocks after it would get no
-gradient.
+The blocks are read without the backbone's final norm, as both references do. The norm stays in the
+backbone, so that a classifier's weights load as they are, and is frozen: no gradient, no optimizer
+state, no unused parameter for DistributedDataParallel. For the same reason the last index must be the
+last block (every reference's is).
 
-Default ``out_indices`` (:func:`spread_indices`): the last block and every (depth // 4)-th block before
-it. For Vim's 24 blocks that is Vim's 5, 11, 17, 23; for WeightFormer's 17, 4, 8, 12, 16; for 12 it is
-2, 5, 8, 11 (mmseg's ViT; BEiT-B uses 3, 5, 7, 11).
+Default ``out_indices`` (:func:`spread_indices`): the last block and every (depth // 4)-th before it.
 
-Input sizes: as the simple pyramid does, sides that are not multiples of 32 are zero-padded at the bottom
-and right, so that the stride-32 level drops no pixel; level k of an H x W image is
-(ceil(H/32)·32/stride_k) x (ceil(W/32)·32/stride_k), and :class:`~weightformer.models.upernet.UperNet`
-cuts its logits back to H x W.
+Input sizes: as the simple pyramid, sides are zero-padded to multiples of 32 at the bottom and right;
+:class:`~weightformer.models.upernet.UperNet` cuts its logits back to H x W.
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import Dict, Optional, Sequence
 
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .pyramid import pad_to_multiple, plain_backbone_width
 
 __all__ = ["MultiBlockPyramid", "spread_indices"]
 
@@ -46,10 +40,8 @@ STRIDES = (4, 8, 16, 32)  # one level per block read
 
 
 def spread_indices(depth: int) -> list[int]:
-    """Four block indices over ``depth`` blocks: the last and every (depth // 4)-th before it.
-
-    24 -> [5, 11, 17, 23] (Vim's), 17 -> [4, 8, 12, 16], 12 -> [2, 5, 8, 11], 4 -> [0, 1, 2, 3].
-    """
+    """Four block indices over ``depth`` blocks, the last and every (depth // 4)-th before it:
+    24 -> [5, 11, 17, 23] (Vim's), 17 -> [4, 8, 12, 16], 12 -> [2, 5, 8, 11] (mmseg's ViT), 4 -> [0, 1, 2, 3]."""
     if depth < len(STRIDES):
         raise ValueError(f"the multi-block pyramid reads {len(STRIDES)} different blocks, and the backbone has "
                          f"{depth}; use a deeper backbone or the simple-pyramid protocol")
@@ -80,16 +72,7 @@ class MultiBlockPyramid(nn.Module):
 
     def __init__(self, backbone: nn.Module, out_indices: Optional[Sequence[int]] = None):
         super().__init__()
-        if not hasattr(backbone, "forward_intermediates") or not hasattr(backbone, "feature_info"):
-            raise ValueError(
-                f"{type(backbone).__name__} lacks forward_intermediates/feature_info; pass a timm model "
-                f"such as build_backbone('weightformer_tiny')"
-            )
-        last = backbone.feature_info[-1]
-        dim, in_stride = last["num_chs"], last["reduction"]
-        if in_stride != 16:
-            raise ValueError(f"the pyramid expects a stride-16 backbone, {type(backbone).__name__} has stride "
-                             f"{in_stride}")
+        dim = plain_backbone_width(backbone)
         depth = len(backbone.feature_info)
         indices = spread_indices(depth) if out_indices is None else [int(i) for i in out_indices]
         if (len(indices) != len(STRIDES) or indices != sorted(set(indices)) or indices[0] < 0
@@ -106,11 +89,7 @@ class MultiBlockPyramid(nn.Module):
         self.strides: Dict[str, int] = {str(k): stride for k, stride in enumerate(STRIDES)}
 
     def forward(self, images: Tensor) -> "OrderedDict[str, Tensor]":
-        H, W = images.shape[-2:]
-        d = STRIDES[-1]
-        # zeros at the bottom and right: (B, 3, H, W) -> (B, 3, H', W'), H' and W' multiples of 32
-        images = F.pad(images, (0, math.ceil(W / d) * d - W, 0, math.ceil(H / d) * d - H))
+        images = pad_to_multiple(images, STRIDES[-1])  # (B, 3, H', W')
         blocks = self.backbone.forward_intermediates(  # 4 x (B, C, H'/16, W'/16), without the final norm
-            images, indices=self.out_indices, norm=False, output_fmt="NCHW", intermediates_only=True
-        )
+            images, indices=self.out_indices, norm=False, output_fmt="NCHW", intermediates_only=True)
         return OrderedDict((str(k), level(x)) for k, (level, x) in enumerate(zip(self.levels, blocks)))

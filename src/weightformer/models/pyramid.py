@@ -10,23 +10,17 @@ backbone, one small module per scale:
     each then: Conv 1×1 -> LayerNorm -> Conv 3×3 -> LayerNorm   (out_channels, LayerNorm over channels)
     "pool":    stride 64, the stride-32 map subsampled by 2 (torchvision's LastLevelMaxPool), for the RPN
 
-Two choices differ between references. ``final_norm``: ViTDet's ViT has no final norm, so its pyramid
-reads the last block as it is (``final_norm=False``); a timm model's ``norm`` is then left out of the
-forward and frozen, so that no parameter lacks a gradient (DDP needs no ``find_unused_parameters``).
-The default, ``True``, reads the block after the backbone's final norm. ``conv_init``: ``"pytorch"``
-leaves the 1×1 and 3×3 convolutions at PyTorch's default initialisation, as ViTDet's pyramid does;
-``"c2_xavier"`` (the default) gives them detectron2's FPN initialisation, c2_xavier_fill.
+``final_norm=False`` reads the last block as ViTDet's ViT (which has no final norm) does; the timm model's
+``norm`` is then out of the forward and frozen, so that DDP needs no ``find_unused_parameters``. The
+default, ``True``, reads it after the final norm. ``conv_init``: ``"c2_xavier"`` (default) gives the 1×1
+and 3×3 convolutions detectron2's FPN init, ``"pytorch"`` leaves PyTorch's, as ViTDet's pyramid does.
 
-Any timm model with ``forward_intermediates`` and a stride-16 ``feature_info`` works: WeightFormer
-takes any image size as it is; timm's ViT/DeiT need ``dynamic_img_size=True`` (the position embedding
-is then resized to each grid), which ``build_backbone`` passes. Class tokens never reach the pyramid:
-timm's ``forward_intermediates`` strips them.
+Any timm model with ``forward_intermediates`` and a stride-16 ``feature_info`` works; timm's ViT/DeiT
+need ``dynamic_img_size=True``, which ``build_backbone`` passes (their class tokens are stripped by timm).
 
-Input sizes: sides that are not multiples of 32 are zero-padded at the bottom and right up to the next
-multiple, as torchvision's ``GeneralizedRCNNTransform(size_divisible=32)`` already does (so the padding
-is a no-op inside a torchvision detector). Level "k" of an H×W image is therefore exactly
-(ceil(H/32)·32/stride_k) × (ceil(W/32)·32/stride_k), every level is aligned with the others, and no
-pixel is dropped; a consumer that wants the unpadded extent keeps the first ceil(H/stride_k) rows.
+Sides that are not multiples of 32 are zero-padded at the bottom and right (a no-op inside a torchvision
+detector, whose ``GeneralizedRCNNTransform(size_divisible=32)`` pads already): level k of an H×W image is
+(ceil(H/32)·32/stride_k) × (ceil(W/32)·32/stride_k), every level aligned and no pixel dropped.
 
 Example, runnable as is (a tiny random WeightFormer, two 800×1333 images)::
 
@@ -64,17 +58,14 @@ from timm.layers import LayerNorm2d
 from timm.models import get_pretrained_cfg
 from torch import Tensor, nn
 
-__all__ = ["CONV_INITS", "SimpleFeaturePyramid", "build_backbone"]
+__all__ = ["CONV_INITS", "SimpleFeaturePyramid", "build_backbone", "pad_to_multiple", "plain_backbone_width"]
 
 CONV_INITS = ("c2_xavier", "pytorch")
 
 
 def build_backbone(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """A timm model ready for dense inputs of any size: no classifier, and ``dynamic_img_size=True``
-    for models whose pretrained config fixes the input size (timm's ViT/DeiT, position embeddings).
-
-    WeightFormer has no position embedding and takes any size as it is.
-    """
+    """A timm model ready for dense inputs of any size: no classifier, and ``dynamic_img_size=True`` for
+    models whose pretrained config fixes the input size (timm's ViT/DeiT)."""
     if not timm.is_model(name):
         raise ValueError(f"unknown timm model {name!r}; list names with timm.list_models('*{name[:6]}*')")
     cfg = get_pretrained_cfg(name)
@@ -84,6 +75,24 @@ def build_backbone(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
     if not hasattr(backbone, "forward_intermediates"):
         raise ValueError(f"{name} has no forward_intermediates; the pyramid needs a timm model that has it")
     return backbone
+
+
+def plain_backbone_width(backbone: nn.Module) -> int:
+    """The width of a plain stride-16 timm backbone's last block; ValueError for anything else."""
+    if not hasattr(backbone, "forward_intermediates") or not hasattr(backbone, "feature_info"):
+        raise ValueError(f"{type(backbone).__name__} lacks forward_intermediates/feature_info; pass a timm model "
+                         f"such as build_backbone('weightformer_tiny')")
+    last = backbone.feature_info[-1]
+    if last["reduction"] != 16:
+        raise ValueError(f"the pyramid expects a stride-16 backbone, {type(backbone).__name__} has stride "
+                         f"{last['reduction']}")
+    return last["num_chs"]
+
+
+def pad_to_multiple(images: Tensor, d: int) -> Tensor:
+    """Zeros at the bottom and right: (B, 3, H, W) -> (B, 3, H', W'), H' and W' multiples of ``d``."""
+    H, W = images.shape[-2:]
+    return F.pad(images, (0, math.ceil(W / d) * d - W, 0, math.ceil(H / d) * d - H))
 
 
 def _norm(norm: str, channels: int) -> nn.Module:
@@ -105,11 +114,8 @@ def _resample(scale: float, dim: int, norm: str) -> Tuple[nn.Sequential, int]:
     """The per-scale module that brings the stride-16 map of ``dim`` channels to stride 16 / scale,
     and the channels it outputs."""
     if scale == 4.0:
-        up = nn.Sequential(
-            nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), _norm(norm, dim // 2), nn.GELU(),
-            nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2),
-        )
-        return up, dim // 4
+        return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), _norm(norm, dim // 2), nn.GELU(),
+                             nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2)), dim // 4
     if scale == 2.0:
         return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, stride=2)), dim // 2
     if scale == 1.0:
@@ -134,22 +140,10 @@ class SimpleFeaturePyramid(nn.Module):
     ``final_norm`` and ``conv_init``: see the module docstring.
     """
 
-    def __init__(
-        self,
-        backbone: nn.Module,
-        out_channels: int = 256,
-        scales: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
-        norm: str = "LN",
-        top_block: bool = True,
-        final_norm: bool = True,
-        conv_init: str = "c2_xavier",
-    ):
+    def __init__(self, backbone: nn.Module, out_channels: int = 256, scales: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
+                 norm: str = "LN", top_block: bool = True, final_norm: bool = True, conv_init: str = "c2_xavier"):
         super().__init__()
-        if not hasattr(backbone, "forward_intermediates") or not hasattr(backbone, "feature_info"):
-            raise ValueError(
-                f"{type(backbone).__name__} lacks forward_intermediates/feature_info; pass a timm model "
-                f"such as build_backbone('weightformer_tiny')"
-            )
+        dim, in_stride = plain_backbone_width(backbone), 16
         if norm not in ("LN", ""):
             raise ValueError(f"norm must be 'LN' (LayerNorm over channels) or '' (none), got {norm!r}")
         if conv_init not in CONV_INITS:
@@ -157,12 +151,6 @@ class SimpleFeaturePyramid(nn.Module):
         scales = [float(s) for s in scales]
         if not scales or scales != sorted(scales, reverse=True) or len(set(scales)) != len(scales):
             raise ValueError(f"scales must be distinct and decreasing (finest level first), got {scales}")
-        last = backbone.feature_info[-1]
-        dim, in_stride = last["num_chs"], last["reduction"]
-        if in_stride != 16:
-            raise ValueError(
-                f"the pyramid expects a stride-16 backbone, {type(backbone).__name__} has stride {in_stride}"
-            )
         self.backbone = backbone
         self.out_channels = out_channels
         self.levels = nn.ModuleList(_level(s, dim, out_channels, norm, conv_init) for s in scales)
@@ -177,13 +165,9 @@ class SimpleFeaturePyramid(nn.Module):
             self.strides["pool"] = 2 * self.strides[str(len(scales) - 1)]
 
     def forward(self, images: Tensor) -> "OrderedDict[str, Tensor]":
-        H, W = images.shape[-2:]
-        d = self.size_divisor
-        # zeros at the bottom and right: (B, 3, H, W) -> (B, 3, H', W'), H' and W' multiples of d
-        images = F.pad(images, (0, math.ceil(W / d) * d - W, 0, math.ceil(H / d) * d - H))
+        images = pad_to_multiple(images, self.size_divisor)  # (B, 3, H', W')
         x = self.backbone.forward_intermediates(  # the last block: [(B, C, H'/16, W'/16)]
-            images, indices=1, norm=self.final_norm, output_fmt="NCHW", intermediates_only=True
-        )[-1]
+            images, indices=1, norm=self.final_norm, output_fmt="NCHW", intermediates_only=True)[-1]
         feats = OrderedDict((str(i), level(x)) for i, level in enumerate(self.levels))  # (B, out, H'/s, W'/s)
         if self.top_block:
             coarsest = feats[str(len(self.levels) - 1)]

@@ -8,12 +8,9 @@
 
 An optional FCN auxiliary head on the stride-16 level adds a deep-supervision loss in training.
 
-Why a lean head and not a maintained one: transformers' ``UperNetForSemanticSegmentation`` builds
-its backbone from a config through ``load_backbone`` (a transformers ``BackboneMixin`` model), and
-its ``UperNetHead`` needs a ``UperNetConfig``; transformers is not a dependency of this project.
-segmentation_models_pytorch's ``UPerNet`` takes an encoder *name* (its own or ``tu-<timm name>``)
-and builds a five-stage encoder itself, so neither accepts a module that returns our pyramid dict.
-The head below is about a hundred lines and takes any torchvision-style pyramid as it is.
+A head of its own because transformers' ``UperNetForSemanticSegmentation`` builds its backbone from a
+config and segmentation_models_pytorch's ``UPerNet`` from an encoder name: neither takes a module that
+returns a torchvision-style pyramid dict, which this one does.
 """
 
 from __future__ import annotations
@@ -65,15 +62,8 @@ class PyramidPooling(nn.Module):
 class UperNetHead(nn.Module):
     """UperNet's decoder: pyramid pooling on the coarsest level, FPN top-down path, fusion, classifier."""
 
-    def __init__(
-        self,
-        in_channels: Union[int, Sequence[int]],
-        num_classes: int,
-        channels: int = 512,
-        pool_scales: Sequence[int] = (1, 2, 3, 6),
-        num_levels: int = 4,
-        dropout: float = 0.1,
-    ):
+    def __init__(self, in_channels: Union[int, Sequence[int]], num_classes: int, channels: int = 512,
+                 pool_scales: Sequence[int] = (1, 2, 3, 6), num_levels: int = 4, dropout: float = 0.1):
         super().__init__()
         in_channels = [in_channels] * num_levels if isinstance(in_channels, int) else list(in_channels)
         self.in_channels = in_channels
@@ -115,19 +105,14 @@ DEFAULT_STRIDES = {"0": 4, "1": 8, "2": 16, "3": 32}
 
 
 def _to_input_size(logits: Tensor, stride: int, size: Sequence[int]) -> Tensor:
-    """Logits of a stride-``stride`` map upsampled ``stride`` times, then cut to the input's ``size``.
-
-    A pyramid that pads its input (to a multiple of 32, say) gives maps that cover more than the
-    image; upsampling to the covered extent and cutting keeps every pixel aligned, where resizing
-    straight to ``size`` would stretch the padding over the image.
-    """
+    """Logits of a stride-``stride`` map upsampled ``stride`` times, then cut to the input's ``size``: maps of
+    a padded input cover more than the image, and resizing straight to ``size`` would stretch the padding."""
     height, width = int(size[0]), int(size[1])
     covered = (logits.shape[-2] * stride, logits.shape[-1] * stride)
     if covered[0] < height or covered[1] < width:
-        raise ValueError(
-            f"a stride-{stride} map of {tuple(logits.shape[-2:])} covers {covered[0]}x{covered[1]} pixels, "
-            f"less than the {height}x{width} input; the pyramid must pad (or keep) partial strides, not drop them"
-        )
+        raise ValueError(f"a stride-{stride} map of {tuple(logits.shape[-2:])} covers {covered[0]}x{covered[1]} "
+                         f"pixels, less than the {height}x{width} input; the pyramid must pad (or keep) partial "
+                         f"strides, not drop them")
     return _resize(logits, covered)[..., :height, :width]
 
 
@@ -140,14 +125,8 @@ class UperNet(nn.Module):
     ``DEFAULT_STRIDES``. Pyramid keys other than ``levels`` (such as "pool") are not used.
     """
 
-    def __init__(
-        self,
-        pyramid: nn.Module,
-        head: UperNetHead,
-        aux_head: Optional[FCNHead] = None,
-        levels: Sequence[str] = ("0", "1", "2", "3"),
-        aux_level: str = "2",
-    ):
+    def __init__(self, pyramid: nn.Module, head: UperNetHead, aux_head: Optional[FCNHead] = None,
+                 levels: Sequence[str] = ("0", "1", "2", "3"), aux_level: str = "2"):
         super().__init__()
         self.pyramid = pyramid
         self.head = head
@@ -157,11 +136,8 @@ class UperNet(nn.Module):
         self.strides = dict(getattr(pyramid, "strides", DEFAULT_STRIDES))
 
     def forward(self, images: Tensor, with_aux: bool = False) -> Union[Tensor, tuple[Tensor, Optional[Tensor]]]:
-        """Logits (B, num_classes, H, W) at the input's size; with ``with_aux``, (logits, auxiliary logits or None).
-
-        The auxiliary logits go through ``forward`` (not a method of their own) so that a
-        DistributedDataParallel wrapper sees the call and synchronises the gradients.
-        """
+        """Logits (B, num_classes, H, W) at the input's size; with ``with_aux``, (logits, auxiliary logits or
+        None), through ``forward`` so that a DistributedDataParallel wrapper synchronises their gradients."""
         features = self.pyramid(images)
         size = images.shape[-2:]
         logits = self.head([features[key] for key in self.levels])  # (B, K, H/4, W/4)

@@ -8,7 +8,6 @@ No class token, no position embedding. Block i is dynamic when (i + 2) % period 
 blocks 1, 4, 7, ...). Tokens stay on their grid, (B, H, W, C), from the patch embedding to the head.
 """
 
-
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
@@ -41,10 +40,8 @@ register_notrace_module(DynamicDWConv)
 
 
 def is_dynamic_block(index: int, period: int) -> bool:
-    """Whether block ``index`` is dynamic: (index + 2) % period == 0, i.e. 1, 4, 7, ... for period 3.
-
-    ``period`` 1 makes every block dynamic and 0 makes all of them static.
-    """
+    """Whether block ``index`` is dynamic: (index + 2) % period == 0, i.e. 1, 4, 7, ... for period 3;
+    ``period`` 1 makes every block dynamic and 0 none."""
     return period > 0 and (index + 2) % period == 0
 
 
@@ -54,24 +51,17 @@ def check_image_batch(x: Tensor, in_chans: int, patch_size: int) -> None:
     if x.dim() != 4:
         raise ValueError(f"expected an image batch of shape (B, C, H, W), got a tensor of shape {x.shape}")
     if x.shape[1] != in_chans:
-        raise ValueError(
-            f"expected {in_chans} input channels, got {x.shape[1]} (input shape {x.shape}); "
-            f"convert the images or build the model with in_chans={x.shape[1]}"
-        )
+        raise ValueError(f"expected {in_chans} input channels, got {x.shape[1]} (input shape {x.shape}); "
+                         f"convert the images or build the model with in_chans={x.shape[1]}")
     if x.shape[2] < patch_size or x.shape[3] < patch_size:
-        raise ValueError(
-            f"image of {x.shape[2]}x{x.shape[3]} pixels is smaller than one {patch_size}x{patch_size} patch; "
-            f"resize it to at least {patch_size}x{patch_size}"
-        )
+        raise ValueError(f"image of {x.shape[2]}x{x.shape[3]} pixels is smaller than one {patch_size}x{patch_size} "
+                         f"patch; resize it to at least {patch_size}x{patch_size}")
 
 
 @register_notrace_function
 def whole_patches(x: Tensor, patch_size: int) -> Tensor:
-    """Crop (B, C, H, W) to (B, C, H - H % p, W - W % p), p = ``patch_size``.
-
-    The release's stride-p patch convolution drops the pixels past the last whole patch (232 px
-    give 14×14 tokens from the first 224 px); this does the same, for any size.
-    """
+    """Crop (B, C, H, W) to (B, C, H - H % p, W - W % p), p = ``patch_size``, dropping the pixels past the last
+    whole patch as the release's stride-p patch convolution does (232 px give 14×14 tokens)."""
     H, W = x.shape[-2], x.shape[-1]
     return x[:, :, : H - H % patch_size, : W - W % patch_size]
 
@@ -96,13 +86,10 @@ def check_global_pool(global_pool: str) -> None:
 
 @contextmanager
 def rewound_rng(device: Optional[Union[str, torch.device]]) -> Iterator[None]:
-    """Put the random generator that initialises tensors on ``device`` (the default device if None) back
-    where it was when the block started.
-
-    The models build their modules inside it and then draw every value once more, in a fixed order, with
-    ``init_weights()``: a model built directly then holds exactly the values of one built on the meta
-    device and materialised with ``to_empty()`` + ``init_weights()`` from the same generator state.
-    """
+    """Put the random generator that initialises tensors on ``device`` (None: the default device) back where
+    it stood when the block started. The models build their modules inside it and then draw every value
+    again with ``init_weights()``, so a model built directly holds exactly the values of one built on the
+    meta device and materialised with ``to_empty()`` + ``init_weights()`` from the same generator state."""
     where = torch.empty(0, device=device).device  # resolves None to the default device (torch.device contexts too)
     if where.type == "meta":  # nothing is drawn on the meta device
         yield
@@ -113,12 +100,9 @@ def rewound_rng(device: Optional[Union[str, torch.device]]) -> Iterator[None]:
 
 
 class WholePatchEmbed(PatchEmbed):
-    """timm's ``PatchEmbed`` for images already cut to whole patches (:func:`whole_patches`).
-
-    Its forward leaves out timm's divisibility check, which cannot fail here, because that check
-    formats the image size into its message even when it passes, and formatting a symbolic size
-    makes torch.compile specialise (recompile) on it. Parameters and state-dict keys are timm's.
-    """
+    """timm's ``PatchEmbed`` for images already cut to whole patches (:func:`whole_patches`), without timm's
+    divisibility check: it formats the image size even when it passes, which makes torch.compile
+    specialise on a symbolic size. Parameters and state-dict keys are timm's."""
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C_in, H, W) -> (B, H / p, W / p, C), NHWC
         return self.norm(nchw_to(self.proj(x), self.output_fmt))
@@ -127,11 +111,10 @@ class WholePatchEmbed(PatchEmbed):
 class Mlp(nn.Module):
     """Token MLP on a grid: fc1 (static or dynamic), GELU, fc2. Shapes (B, H, W, C) -> (B, H, W, C).
 
-    When it is exactly equivalent, GELU + fc2 run as one op that recomputes the activation in
-    backward instead of storing it (see layers.gelu_linear): ``act`` is an exact ``nn.GELU``,
-    ``drop1`` drops nothing, ``fc2`` is a plain ``nn.Linear``, and no hook would see the modules
-    being skipped. This is decided at every call, so a module swapped in later (a LoRA-wrapped fc2,
-    another activation) or a hook added later is honoured. ``fuse_act_fc2 = False`` turns it off.
+    GELU + fc2 run as one op that recomputes the activation in backward (layers.gelu_linear) whenever that
+    is exactly equivalent: ``act`` an exact ``nn.GELU``, ``drop1`` dropping nothing, ``fc2`` a plain
+    ``nn.Linear``, no hook to miss. Decided at every call, so a module swapped or a hook added later is
+    honoured. ``fuse_act_fc2 = False`` turns it off.
     """
 
     def __init__(self, fc1: nn.Module, hidden: int, dim: int, act_layer: Callable[..., nn.Module], drop: float, dd):
@@ -144,7 +127,7 @@ class Mlp(nn.Module):
         self.fuse_act_fc2 = True
 
     def _can_fuse_act_fc2(self) -> bool:
-        modules = self._modules  # plain dict lookups: nn.Module.__getattr__ takes about 1 µs each
+        modules = self._modules  # plain dict lookups, cheaper than nn.Module.__getattr__
         act, drop1, fc2 = modules["act"], modules["drop1"], modules["fc2"]
         return (
             type(act) is nn.GELU
@@ -216,22 +199,11 @@ class Block(nn.Module):
     applied to the residual stream itself, as in the authors' release.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        mlp_ratio: float = 4.0,
-        dynamic: bool = False,
-        proj_drop: float = 0.0,
-        drop_path: float = 0.0,
-        dwc_kernel_size: int = 3,
-        linear_predictor: str = "bilateral",
-        dwc_predictor: str = "adaptive",
-        predictor_reduction: int = 4,
-        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
-        act_layer: Callable[..., nn.Module] = nn.GELU,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, dim: int, mlp_ratio: float = 4.0, dynamic: bool = False, proj_drop: float = 0.0,
+                 drop_path: float = 0.0, dwc_kernel_size: int = 3, linear_predictor: str = "bilateral",
+                 dwc_predictor: str = "adaptive", predictor_reduction: int = 4,
+                 norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
+                 device=None, dtype=None):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         hidden = int(dim * mlp_ratio)
@@ -290,31 +262,14 @@ class Block(nn.Module):
 class WeightFormer(nn.Module):
     """WeightFormer classifier, with timm's model API (features, intermediates, classifier reset)."""
 
-    def __init__(
-        self,
-        img_size: Union[int, Tuple[int, int]] = 224,
-        patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        global_pool: str = "avg",
-        embed_dim: int = 384,
-        depth: int = 17,
-        mlp_ratio: float = 4.0,
-        dynamic_period: int = 3,
-        dwc_kernel_size: int = 3,
-        linear_predictor: str = "bilateral",
-        dwc_predictor: str = "adaptive",
-        predictor_reduction: int = 4,
-        drop_rate: float = 0.0,
-        proj_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        norm_layer: Optional[Callable[..., nn.Module]] = None,
-        act_layer: Optional[Callable[..., nn.Module]] = None,
-        dynamic_img_size: bool = True,
-        dynamic_img_pad: bool = False,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 16, in_chans: int = 3,
+                 num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 384, depth: int = 17,
+                 mlp_ratio: float = 4.0, dynamic_period: int = 3, dwc_kernel_size: int = 3,
+                 linear_predictor: str = "bilateral", dwc_predictor: str = "adaptive", predictor_reduction: int = 4,
+                 drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 norm_layer: Optional[Callable[..., nn.Module]] = None,
+                 act_layer: Optional[Callable[..., nn.Module]] = None, dynamic_img_size: bool = True,
+                 dynamic_img_pad: bool = False, device=None, dtype=None):
         """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` and ``dynamic_img_pad`` are timm's
         ViT arguments: without a position embedding the model always takes any image size (``True``, the only
         value accepted); ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the
@@ -343,47 +298,23 @@ class WeightFormer(nn.Module):
         self.output_fmt = "NHWC"
         self.grad_checkpointing = False
         self.dynamic_img_pad = dynamic_img_pad
-        # The modules initialise themselves as they are built; init_weights() then draws every value again
-        # from the generator state the build started at (see rewound_rng).
+        # init_weights() draws every value again from the generator state the build started at (rewound_rng).
         with rewound_rng(device):
-            # Any image size; forward_features first drops the pixels past the last whole patch (whole_patches)
-            # or pads to whole patches, so the patch embedding only checks that the sides are multiples of the patch.
-            self.patch_embed = WholePatchEmbed(
-                img_size=img_size,
-                patch_size=patch_size,
-                in_chans=in_chans,
-                embed_dim=embed_dim,
-                output_fmt="NHWC",
-                strict_img_size=False,
-                **dd,
-            )
+            # Any image size: _embed cuts or pads the image to whole patches first.
+            self.patch_embed = WholePatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
+                                               embed_dim=embed_dim, output_fmt="NHWC", strict_img_size=False, **dd)
             self.norm_pre = norm_layer(embed_dim, **dd)
             drop_path_rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
-            self.blocks = nn.Sequential(
-                *[
-                    Block(
-                        embed_dim,
-                        mlp_ratio=mlp_ratio,
-                        dynamic=is_dynamic_block(i, dynamic_period),
-                        proj_drop=proj_drop_rate,
-                        drop_path=drop_path_rates[i],
-                        dwc_kernel_size=dwc_kernel_size,
-                        linear_predictor=linear_predictor,
-                        dwc_predictor=dwc_predictor,
-                        predictor_reduction=predictor_reduction,
-                        norm_layer=norm_layer,
-                        act_layer=act_layer,
-                        **dd,
-                    )
-                    for i in range(depth)
-                ]
-            )
+            self.blocks = nn.Sequential(*[
+                Block(embed_dim, mlp_ratio=mlp_ratio, dynamic=is_dynamic_block(i, dynamic_period),
+                      proj_drop=proj_drop_rate, drop_path=drop_path_rates[i], dwc_kernel_size=dwc_kernel_size,
+                      linear_predictor=linear_predictor, dwc_predictor=dwc_predictor,
+                      predictor_reduction=predictor_reduction, norm_layer=norm_layer, act_layer=act_layer, **dd)
+                for i in range(depth)])
             self.norm = norm_layer(embed_dim, **dd)
             self.head_drop = nn.Dropout(drop_rate)
             self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
-        self.feature_info = [
-            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)
-        ]
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.init_weights()
 
     def init_weights(self, needs_reset: bool = True) -> None:
@@ -421,11 +352,8 @@ class WeightFormer(nn.Module):
             self.global_pool = global_pool
         self.num_classes = num_classes
         ref = self.norm_pre.weight
-        self.head = (
-            nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
-            if num_classes > 0
-            else nn.Identity()
-        )
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+                     if num_classes > 0 else nn.Identity())
         self.head.train(self.training)
 
     @torch.jit.ignore
@@ -441,20 +369,14 @@ class WeightFormer(nn.Module):
                 module.fuse_act_fc2 = name == "fast"
 
     @torch.jit.ignore
-    def set_input_size(
-        self,
-        img_size: Optional[Union[int, Tuple[int, int]]] = None,
-        patch_size: Optional[Union[int, Tuple[int, int]]] = None,
-    ) -> None:
+    def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None,
+                       patch_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
         """Change the nominal image size and/or the patch size, as timm's ViT ``set_input_size`` does.
 
-        The model runs at any size anyway; ``img_size`` updates the patch embedding's ``img_size``,
-        ``grid_size`` and ``num_patches`` and timm's record of the model's nominal size and arguments
-        (``timm.models.get_model_input_config``, and the arguments timm's Hub export rebuilds the model
-        with). The source checkpoint's ``pretrained_cfg``, and so the preprocessing timm resolves for a
-        model of flexible size, is left as it is. ``patch_size`` (square) resamples the patch projection
-        to the new patch (timm's ``resample_patch_embed``, FlexiViT-style) and updates the
-        ``feature_info`` reductions.
+        The model runs at any size anyway; ``img_size`` updates the patch embedding's sizes and timm's record
+        of the nominal size and arguments (``get_model_input_config``, what timm's Hub export rebuilds with),
+        leaving ``pretrained_cfg`` (and so the preprocessing timm resolves) as it is. ``patch_size`` (square)
+        resamples the patch projection (timm's ``resample_patch_embed``) and updates ``feature_info``.
         """
         if patch_size is not None:
             side = to_2tuple(patch_size)
@@ -490,7 +412,7 @@ class WeightFormer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:  # (B, H, W, C) -> (B, classes)
-        if self.global_pool == "avg":  # what global_pool_nlc does, without its flatten and slice (5 µs a call)
+        if self.global_pool == "avg":  # what global_pool_nlc does, without its flatten and slice
             x = x.mean(dim=(1, 2))  # (B, C)
         elif self.global_pool:
             x = global_pool_nlc(x.flatten(1, 2), self.global_pool, num_prefix_tokens=0)  # (B, H·W, C) -> (B, C)
@@ -500,15 +422,9 @@ class WeightFormer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def forward_intermediates(
-        self,
-        x: Tensor,
-        indices: Optional[Union[int, List[int]]] = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
+    def forward_intermediates(self, x: Tensor, indices: Optional[Union[int, List[int]]] = None, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False
+                              ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
         """Run the backbone and return the outputs of the chosen blocks.
 
         Args:
@@ -536,12 +452,8 @@ class WeightFormer(nn.Module):
             return intermediates
         return self.norm(x), intermediates
 
-    def prune_intermediate_layers(
-        self,
-        indices: Union[int, List[int]] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> List[int]:
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
         """Drop the blocks after the last one in ``indices`` (and the norm and head if asked)."""
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]
@@ -583,11 +495,8 @@ def _rename(key: str, mapping: Dict[str, str]) -> str:
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: WeightFormer) -> Dict[str, Tensor]:
-    """Translate a state dict of the authors' ``VisionTransformer`` (or a wrapped/DDP one) to ours.
-
-    Accepts their Hub safetensors, their training checkpoints' ``"model"`` entry, and our own keys
-    (returned unchanged apart from unwrapping).
-    """
+    """Translate a state dict of the authors' ``VisionTransformer`` (or a wrapped/DDP one) to ours: their Hub
+    safetensors, their training checkpoints' ``"model"`` entry, or our own keys (only unwrapped)."""
     for wrapper in ("model", "state_dict"):
         if wrapper in state_dict and isinstance(state_dict[wrapper], dict):
             state_dict = state_dict[wrapper]
@@ -614,19 +523,11 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: WeightFormer) -> 
 def _cfg(hf_hub_id: str, input_size: int, **kwargs) -> Dict[str, Any]:
     pool = input_size // 16
     return {
-        "hf_hub_id": hf_hub_id,
-        "num_classes": 1000,
-        "input_size": (3, input_size, input_size),
-        "pool_size": (pool, pool),
-        "crop_pct": 0.875,
+        "hf_hub_id": hf_hub_id, "num_classes": 1000, "input_size": (3, input_size, input_size),
+        "pool_size": (pool, pool), "crop_pct": 0.875,
         "crop_mode": "squash",  # the release resizes to (256/224·s)² and centre-crops s
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-        "license": "mit",
+        "interpolation": "bicubic", "fixed_input_size": False, "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD, "first_conv": "patch_embed.proj", "classifier": "head", "license": "mit",
         "paper_ids": "arXiv:2605.01711",
         "paper_name": "Linear-Time Global Visual Modeling without Explicit Attention",
         "origin_url": "https://github.com/LeapLabTHU/WeightFormer",
@@ -634,26 +535,18 @@ def _cfg(hf_hub_id: str, input_size: int, **kwargs) -> Dict[str, Any]:
     }
 
 
-default_cfgs = generate_default_cfgs(
-    {
-        "weightformer_tiny.in1k": _cfg("RuizeHe/weightformer-t", 224),
-        "weightformer_small.in1k": _cfg("RuizeHe/weightformer-s", 224),
-        "weightformer_base.in1k_448": _cfg("RuizeHe/weightformer-b", 448),
-    }
-)
+default_cfgs = generate_default_cfgs({
+    "weightformer_tiny.in1k": _cfg("RuizeHe/weightformer-t", 224),
+    "weightformer_small.in1k": _cfg("RuizeHe/weightformer-s", 224),
+    "weightformer_base.in1k_448": _cfg("RuizeHe/weightformer-b", 448),
+})
 
 
 def _create_weightformer(variant: str, pretrained: bool = False, **kwargs) -> WeightFormer:
     out_indices = kwargs.pop("out_indices", 3)
     with release_pickle_globals():  # timm's loader may read the authors' training .pth (pickled yacs config)
-        return build_model_with_cfg(
-            WeightFormer,
-            variant,
-            pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-            **kwargs,
-        )
+        return build_model_with_cfg(WeightFormer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+                                    feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs)
 
 
 @register_model

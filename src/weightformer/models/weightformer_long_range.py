@@ -31,20 +31,11 @@ def _create_long_range(name: str, pretrained: bool, args: dict, kwargs: dict) ->
 def weightformer_long_range_tiny(pretrained: bool = False, **kwargs) -> WeightFormer:
     """WeightFormer-T with every block dynamic and the ``double_centered`` linear predictor (layers/long_range_predictors.py).
 
-    Why: with the released ``bilateral`` predictor, ΔW starts about 1e-5 long against a static weight
-    of 0.16 and stays there on the long-range probes, so the dynamic MLP layers act as static ones;
-    and ΔW is a plain mean over tokens, so the background outweighs a few informative tokens.
-    ``centered`` predicts ΔW from the covariance of the tokens' projections (the background's
-    constant part removed) at unit scale with a learned gain: its ΔW starts about 0.2 long, half of
-    it image-dependent. On the two-glyph XOR probe of docs/analysis.md it was the only design that
-    learned (100% held-out, against 50% for the released design and for DeiT of the same size),
-    and only with every block dynamic (``dynamic_period=1``): at the released placement it stayed
-    at chance in the same budget. ``double_centered`` also removes each row's and column's mean on
-    the pooled grid, so the border of the zero-padded convolutions, which dominated ``centered``'s
-    covariance in the deep blocks and grows with the canvas' side, drops out: trained on the XOR
-    probe at 64 px it keeps 99.8% at 128 px with the same glyphs, where ``centered`` falls to 84%
-    (docs/analysis.md, "Resolution transfer"). (This name meant ``centered`` until then; the probe
-    and MNIST runs of docs/analysis.md §2-4 were made with ``centered``.)
+    Why: the released ``bilateral`` predictor's ΔW is tiny against the static weight and a plain mean over
+    tokens, so a few informative tokens cannot set it. ``double_centered`` predicts ΔW from the covariance of
+    the tokens' projections, double-centred on the pooled grid (the background's constant part and the
+    convolutions' zero-padded border removed), at unit scale with a learned gain. docs/analysis.md has the
+    probes it was chosen on and their measured results.
 
     Cost: 10.12M parameters against the released T's 7.07M; 2.63 GFLOPs at 224² (+17%) and
     66.5 at 1248² (+3.4%), as with ``centered``: the double centring adds about 4·N'·(C/r + O/r)

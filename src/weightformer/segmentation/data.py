@@ -10,18 +10,11 @@ With ``reduce_zero_label`` (ADE20K) label 0 means "unlabelled" and becomes the i
 label v >= 1 becomes class v - 1, and 255 stays ignored. Any data set laid out this way works by
 giving its ``num_classes`` and whether 0 is a class.
 
-Opening a split pairs every image with its annotation and, with ``verify``, compares their sizes
-from the file headers; a mismatch is a :class:`DataError` before training starts. Label values are
-checked as each annotation is decoded, so a bad file stops the run with a one-line DataError naming
-it and the fix, never a traceback from deep inside the loss. A split whose annotations hold no
-labelled pixel at all (every pixel 255, or 0 and 255 with reduce-zero-label) is a DataError when it
-opens (:func:`check_labelled`): training on it would sit at loss 0 without a word, and evaluating it
-would score nothing. That check reads :data:`LABEL_SAMPLE` annotations spread over the split, and
-the rest only when none of those holds a labelled pixel.
-
-The number of classes, when not given, is the data's (:func:`folder_classes`): the rows of ADE20K's
-``objectInfo150.txt``, else the largest label value in the annotations (read once, for folders of up
-to :data:`SCAN_LIMIT` annotations), else ADE20K's 150.
+Opening a split pairs every image with its annotation and, with ``verify``, compares their sizes from
+the file headers. Label values are checked as each annotation is decoded, and a split whose annotations
+hold no labelled pixel is refused when it opens (:func:`check_labelled`): each a one-line
+:class:`DataError` naming the file and the fix. The number of classes, when not given, is the data's
+(:func:`folder_classes`).
 """
 
 from __future__ import annotations
@@ -62,14 +55,16 @@ SHOWN = 5  # bad values named in an error line
 ADE_FOLDER = "ADEChallengeData2016"  # ADE20K's scene-parsing release: its zip's one folder
 ADE_CLASS_FILE = "objectInfo150.txt"  # in it: Idx, Ratio, Train, Val, Name per class, tab-separated
 ADE_CLASSES = 150  # classes of a folder too large to count them in
-SCAN_LIMIT = 5000  # annotations read for the class count at most (about 1 ms each)
+SCAN_LIMIT = 5000  # annotations read for the class count at most
 LABEL_SAMPLE = 16  # annotations read when a split opens, to find a labelled pixel (check_labelled)
 LABEL_CHUNK = 64  # annotations read at a time when the sample held none
 
 
-# --------------------------------------------------------------------------------------------------
 # Layouts
-# --------------------------------------------------------------------------------------------------
+
+def _reader_pool() -> ThreadPoolExecutor:
+    """Threads for reading many small files' headers or pixels."""
+    return ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1)))
 
 
 def _has_splits(root: Path, splits: Sequence[str]) -> bool:
@@ -95,10 +90,7 @@ def find_root(data: str | os.PathLike, splits: Sequence[str] = SPLITS) -> Path:
                     f"and for the same in {path / ADE_FOLDER}/; pass such a folder, or shapes")
 
 
-# --------------------------------------------------------------------------------------------------
 # Classes
-# --------------------------------------------------------------------------------------------------
-
 
 class FolderClasses(NamedTuple):
     """How many classes a data set has, and where the count comes from."""
@@ -135,13 +127,10 @@ def _largest_label(path: str) -> int:
 
 
 def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
-    """The classes of the data set ``data`` (found at ``root``) when ``--num-classes`` is not given.
-
-    ``shapes``: its 4. A folder with ADE20K's ``objectInfo150.txt``: its rows, with their names (and
-    value 0, "other", as one more class without ``reduce_zero``). Else the largest label value of every
-    annotation of both splits (with ``reduce_zero``, value v is class v-1), for up to
-    :data:`SCAN_LIMIT` annotations; a larger folder gets ADE20K's 150 and says so.
-    """
+    """The classes of the data set ``data`` (found at ``root``) when ``--num-classes`` is not given: the
+    shapes set's 4; the rows of ADE20K's ``objectInfo150.txt`` (plus value 0, "other", without
+    ``reduce_zero``); else the largest label value of both splits' annotations (with ``reduce_zero``, value
+    v is class v-1) for up to :data:`SCAN_LIMIT` annotations; else ADE20K's 150, saying so."""
     names = class_names(data, root, reduce_zero)
     if names is not None:
         return FolderClasses(len(names), "the shapes set's" if data == SHAPES_NAME else ADE_CLASS_FILE)
@@ -149,7 +138,7 @@ def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
     if len(files) > SCAN_LIMIT:
         return FolderClasses(ADE_CLASSES, f"ADE20K's: {len(files)} annotations are too many to count the classes "
                                           f"in; pass --num-classes if that is not the count")
-    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+    with _reader_pool() as pool:
         largest = max(pool.map(_largest_label, files), default=-1)
     count = largest if reduce_zero else largest + 1
     if count < 1:
@@ -160,10 +149,7 @@ def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
     return FolderClasses(count, f"the largest label in its {len(files)} annotations")
 
 
-# --------------------------------------------------------------------------------------------------
 # Files: pairing, reading, label reduction
-# --------------------------------------------------------------------------------------------------
-
 
 def _files(folder: Path, extensions: tuple[str, ...]) -> dict[str, Path]:
     """``{name without extension: path}`` for the files of ``folder`` with one of ``extensions``."""
@@ -218,10 +204,8 @@ def _header_sizes(pair: tuple[str, str]) -> tuple[tuple[int, int], tuple[int, in
 
 def _size_mismatch(image_path: str, label_path: str, image_size: Sequence[int], label_size: Sequence[int]) -> DataError:
     (iw, ih), (lw, lh) = image_size, label_size
-    return DataError(
-        f"annotation {label_path} is {lw}x{lh} but its image {image_path} is {iw}x{ih} (width x height); "
-        f"an annotation must have its image's size: fix or remove the pair"
-    )
+    return DataError(f"annotation {label_path} is {lw}x{lh} but its image {image_path} is {iw}x{ih} (width x "
+                     f"height); an annotation must have its image's size: fix or remove the pair")
 
 
 def reduce_zero_label(label: np.ndarray) -> np.ndarray:
@@ -236,10 +220,8 @@ def _label_pixels(path: str) -> np.ndarray:
     try:
         with Image.open(path) as img:
             if img.mode not in LABEL_MODES:
-                raise DataError(
-                    f"annotation {path} is a {img.mode} image; annotations must hold one class index per pixel "
-                    f"(a palette (P) or grayscale (L) PNG), not colours: convert it"
-                )
+                raise DataError(f"annotation {path} is a {img.mode} image; annotations must hold one class index per "
+                                f"pixel (a palette (P) or grayscale (L) PNG), not colours: convert it")
             return np.asarray(img)
     except DECODE_ERRORS as exc:
         raise DataError(f"cannot read annotation {path} ({type(exc).__name__}: {exc}); replace or remove it") from None
@@ -279,9 +261,8 @@ def _labelled(path: str, reduce_zero: bool) -> tuple[bool, bool]:
 
 def check_labelled(pairs: Sequence[tuple[str, str]], split: str, reduce_zero: bool) -> None:
     """A one-line :class:`DataError` if no annotation of ``pairs`` (one split's, from :func:`scan_pairs`)
-    holds a pixel that is not ignored. Reads :data:`LABEL_SAMPLE` annotations spread over the split
-    first (a data set of any size opens in milliseconds), then, only if none of them holds one, the
-    others until one does. Label values are not checked here: that happens as each is decoded."""
+    holds a pixel that is not ignored (training would sit at loss 0, evaluating would score nothing). Reads
+    :data:`LABEL_SAMPLE` annotations spread over the split first, the others only if none of them holds one."""
     labels = [label for _, label in pairs]
     if not labels:
         return
@@ -290,7 +271,7 @@ def check_labelled(pairs: Sequence[tuple[str, str]], split: str, reduce_zero: bo
     rest = [label for i, label in enumerate(labels) if i not in chosen]
     batches = [[labels[i] for i in sample]] + [rest[i:i + LABEL_CHUNK] for i in range(0, len(rest), LABEL_CHUNK)]
     zeros = False
-    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+    with _reader_pool() as pool:
         for batch in batches:
             for labelled, zero in pool.map(lambda path: _labelled(path, reduce_zero), batch):
                 if labelled:
@@ -308,10 +289,7 @@ def check_labelled(pairs: Sequence[tuple[str, str]], split: str, reduce_zero: bo
                     f"{every}, so {outcome}; {fix}")
 
 
-# --------------------------------------------------------------------------------------------------
 # Joint transforms: image (3, H, W) uint8 and label (H, W) int64 -> normalised image and label
-# --------------------------------------------------------------------------------------------------
-
 
 def _uniform(low: float, high: float, generator: Optional[torch.Generator]) -> float:
     return low + (high - low) * torch.rand((), generator=generator).item()
@@ -336,11 +314,9 @@ def _normalise(image: Tensor, mean: Tensor, std: Tensor) -> Tensor:  # (3, H, W)
 
 
 def _photometric_distortion(image: Tensor, generator: Optional[torch.Generator]) -> Tensor:
-    """mmseg's PhotoMetricDistortion on a (3, H, W) float image in [0, 255]: each step with chance 1/2.
-
-    Brightness +-32, contrast x[0.5, 1.5] (before or after the colour steps, at random),
-    saturation x[0.5, 1.5], hue +-18 of OpenCV's 180 degrees.
-    """
+    """mmseg's PhotoMetricDistortion on a (3, H, W) float image in [0, 255], each step with chance 1/2:
+    brightness +-32, contrast x[0.5, 1.5] (before or after the colour steps, at random), saturation
+    x[0.5, 1.5], hue +-18 of OpenCV's 180 degrees."""
     if _chance(0.5, generator):
         image = (image + _uniform(-32, 32, generator)).clamp(0, 255)
     contrast_first = _chance(0.5, generator)
@@ -365,23 +341,12 @@ class TrainTransform:
     ``hflip``; smaller crops are padded to ``crop_size`` (image 0 after normalising, label 255).
     """
 
-    def __init__(
-        self,
-        crop_size: int = 512,
-        scale: tuple[int, int] = (2048, 512),
-        ratio_range: tuple[float, float] = (0.5, 2.0),
-        cat_max_ratio: float = 0.75,
-        hflip: float = 0.5,
-        photometric: bool = True,
-        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-        std: Sequence[float] = IMAGENET_DEFAULT_STD,
-    ):
-        self.crop_size = crop_size
-        self.scale = scale
-        self.ratio_range = ratio_range
-        self.cat_max_ratio = cat_max_ratio
-        self.hflip = hflip
-        self.photometric = photometric
+    def __init__(self, crop_size: int = 512, scale: tuple[int, int] = (2048, 512),
+                 ratio_range: tuple[float, float] = (0.5, 2.0), cat_max_ratio: float = 0.75, hflip: float = 0.5,
+                 photometric: bool = True, mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+                 std: Sequence[float] = IMAGENET_DEFAULT_STD):
+        self.crop_size, self.scale, self.ratio_range = crop_size, scale, ratio_range
+        self.cat_max_ratio, self.hflip, self.photometric = cat_max_ratio, hflip, photometric
         self.mean = 255 * torch.tensor(mean)
         self.std = 255 * torch.tensor(std)
 
@@ -399,9 +364,8 @@ class TrainTransform:
                 break
         return top, left, crop_h, crop_w
 
-    def __call__(
-        self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
-    ) -> tuple[Tensor, Tensor]:
+    def __call__(self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
+                 ) -> tuple[Tensor, Tensor]:
         ratio = _uniform(*self.ratio_range, generator)
         size = _fit_size(*label.shape, (int(self.scale[0] * ratio), int(self.scale[1] * ratio)))
         image = _resize_image(image.float(), size)  # (3, h, w)
@@ -419,33 +383,22 @@ class TrainTransform:
 
 
 class EvalTransform:
-    """Test-time preprocessing: the image rescaled (ratio kept) to fit ``scale`` and normalised.
+    """Test-time preprocessing: the image rescaled (ratio kept) to fit ``scale`` and normalised. The label
+    keeps its size: predictions are resized back to it before they are scored, as mmseg scores them."""
 
-    The label keeps its original size: predictions are resized back to it before they are scored,
-    as mmseg scores them.
-    """
-
-    def __init__(
-        self,
-        scale: tuple[int, int] = (2048, 512),
-        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-        std: Sequence[float] = IMAGENET_DEFAULT_STD,
-    ):
+    def __init__(self, scale: tuple[int, int] = (2048, 512), mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+                 std: Sequence[float] = IMAGENET_DEFAULT_STD):
         self.scale = scale
         self.mean = 255 * torch.tensor(mean)
         self.std = 255 * torch.tensor(std)
 
-    def __call__(
-        self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
-    ) -> tuple[Tensor, Tensor]:
+    def __call__(self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
+                 ) -> tuple[Tensor, Tensor]:
         image = _resize_image(image.float(), _fit_size(*image.shape[-2:], self.scale))
         return _normalise(image, self.mean, self.std), label
 
 
-# --------------------------------------------------------------------------------------------------
 # Data set and batches
-# --------------------------------------------------------------------------------------------------
-
 
 class SegmentationFolder(Dataset):
     """(image, label) pairs of one split of an ADE20K-layout folder, through a joint transform.
@@ -455,20 +408,12 @@ class SegmentationFolder(Dataset):
     ``seed`` is given, so augmentations do not depend on workers or on where a run resumed.
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        split: str = "training",
-        reduce_zero_label: bool = True,
-        num_classes: int = 150,
-        transform: Optional[Callable[..., tuple[Tensor, Tensor]]] = None,
-        seed: Optional[int] = None,
-        verify: bool = True,
-    ):
+    def __init__(self, root: str | os.PathLike, split: str = "training", reduce_zero_label: bool = True,
+                 num_classes: int = 150, transform: Optional[Callable[..., tuple[Tensor, Tensor]]] = None,
+                 seed: Optional[int] = None, verify: bool = True):
         if not 0 < num_classes <= IGNORE_INDEX:
-            raise DataError(
-                f"--num-classes {num_classes} must be in [1, {IGNORE_INDEX}]: label {IGNORE_INDEX} is ignored"
-            )
+            raise DataError(f"--num-classes {num_classes} must be in [1, {IGNORE_INDEX}]: label {IGNORE_INDEX} "
+                            f"is ignored")
         self.pairs = scan_pairs(root, split)
         check_labelled(self.pairs, split, reduce_zero_label)  # milliseconds: a sample of the annotations
         self.reduce_zero_label = reduce_zero_label
@@ -477,7 +422,7 @@ class SegmentationFolder(Dataset):
         self.seed = seed
         self.epoch = 0
         if verify:
-            with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+            with _reader_pool() as pool:
                 for pair, (image_size, label_size) in zip(self.pairs, pool.map(_header_sizes, self.pairs)):
                     if image_size != label_size:
                         raise _size_mismatch(*pair, image_size, label_size)

@@ -37,23 +37,12 @@ def eval_transform(img_size: int) -> EvalTransform:
 
 
 @torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    loader: DataLoader,
-    num_classes: int,
-    device: torch.device,
-    mode: str = "whole",
-    crop: int = 512,
-    stride: int = 341,
-    amp: str = "none",
-) -> dict[str, object]:
-    """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s batches.
-
-    ``loader`` yields :class:`SegmentationBatch` (``collate_segmentation``) of eval-transformed
-    samples. ``mode`` is "whole" or "slide" (``crop`` windows every ``stride`` pixels); ``amp`` is
-    none, bf16 or fp16 (a GPU's). Under torch.distributed each rank scores its shard and the areas
-    are summed, so every rank returns the numbers of the whole split.
-    """
+def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, device: torch.device,
+             mode: str = "whole", crop: int = 512, stride: int = 341, amp: str = "none") -> dict[str, object]:
+    """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s
+    :class:`SegmentationBatch` es of eval-transformed samples. ``mode`` "whole" or "slide" (``crop`` windows
+    every ``stride`` pixels); ``amp`` none, bf16 or fp16. Under torch.distributed the ranks' areas are
+    summed, so every rank returns the numbers of the whole split."""
     if mode not in INFERENCE_MODES:
         raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
     was_training = model.training
@@ -72,8 +61,6 @@ def evaluate(
     metric.all_reduce()
     model.train(was_training)
     return metric.compute()
-
-
 
 
 def inference_settings(loaded: LoadedModel, inference: Optional[str] = None, crop: Optional[int] = None,
@@ -107,18 +94,10 @@ def _json_safe(values: Sequence[float]) -> list[Optional[float]]:
     return [None if math.isnan(v) else v for v in values]
 
 
-def evaluate_checkpoint(
-    checkpoint: str | os.PathLike,
-    data: Optional[str] = None,
-    use_ema: bool = False,
-    inference: Optional[str] = None,
-    crop: Optional[int] = None,
-    stride: Optional[int] = None,
-    batch_size: int = 8,
-    workers: int = 0,
-    amp: str = "none",
-    device: str = "auto",
-) -> dict[str, Any]:
+def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = None, use_ema: bool = False,
+                        inference: Optional[str] = None, crop: Optional[int] = None, stride: Optional[int] = None,
+                        batch_size: int = 8, workers: int = 0, amp: str = "none", device: str = "auto"
+                        ) -> dict[str, Any]:
     """mIoU, mAcc, aAcc (percent) and the IoU of each class of the model in ``checkpoint`` (a ``last.pt``
     or ``best.pt`` of ``weightformer seg train``) on the validation split of ``data`` (default: the data
     it was trained on). ``inference``, ``crop`` and ``stride`` default to the run's own. Each image is

@@ -31,28 +31,17 @@ def whole_inference(model: nn.Module, images: Tensor) -> Tensor:
 
 
 def window_starts(size: int, crop: int, stride: int) -> list[int]:
-    """Offsets of the windows along one side: every ``stride``, the last one flush with the end.
-
-    The count is mmseg's, ceil((size - crop) / stride) + 1, so the windows cover every pixel; a side
-    shorter than the crop has one window, at 0, as long as the side.
-    """
+    """Offsets of the windows along one side: every ``stride``, the last one flush with the end; mmseg's
+    count, ceil((size - crop) / stride) + 1. A side shorter than the crop has one window, at 0."""
     count = max(size - crop + stride - 1, 0) // stride + 1
     return [max(min(i * stride, size - crop), 0) for i in range(count)]
 
 
-def slide_inference(
-    model: nn.Module,
-    images: Tensor,
-    crop: Union[int, tuple[int, int]] = 512,
-    stride: Union[int, tuple[int, int]] = 341,
-) -> Tensor:
-    """Logits averaged over overlapping ``crop`` windows placed every ``stride`` pixels.
-
-    Each window's logits are added where it lies and every pixel is divided by the number of
-    windows that cover it. Along a side shorter than the crop the window is the whole side, decoded
-    as it is (mmseg's ``slide_inference``: no padding to the crop's size). The number of classes is
-    read from the model's output.
-    """
+def slide_inference(model: nn.Module, images: Tensor, crop: Union[int, tuple[int, int]] = 512,
+                    stride: Union[int, tuple[int, int]] = 341) -> Tensor:
+    """Logits averaged over overlapping ``crop`` windows placed every ``stride`` pixels: each pixel's sum
+    divided by the windows covering it. Along a side shorter than the crop the window is the whole side,
+    unpadded (mmseg's ``slide_inference``)."""
     (crop_h, crop_w), (stride_h, stride_w) = _pair(crop), _pair(stride)
     if min(crop_h, crop_w, stride_h, stride_w) <= 0:
         raise ValueError(f"crop {crop} and stride {stride} must be positive")

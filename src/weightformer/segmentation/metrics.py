@@ -46,10 +46,9 @@ class SegmentationMetric:
         for name, values in (("pred", pred), ("target", target)):
             bad = values[(values < 0) | (values >= self.num_classes)]
             if bad.numel():
-                raise ValueError(
-                    f"{name} holds values {bad.unique().tolist()[:10]} outside [0, {self.num_classes}) that are not "
-                    f"the ignore index {self.ignore_index}; check num_classes and the label reduction"
-                )
+                raise ValueError(f"{name} holds values {bad.unique().tolist()[:10]} outside [0, {self.num_classes}) "
+                                 f"that are not the ignore index {self.ignore_index}; check num_classes and the "
+                                 f"label reduction")
         k = self.num_classes
         batch = torch.stack([
             torch.bincount(target[pred == target], minlength=k),
@@ -59,10 +58,8 @@ class SegmentationMetric:
         self.areas += batch.to(self.areas.device)
 
     def all_reduce(self, group: Optional[dist.ProcessGroup] = None) -> None:
-        """Sum the areas over the ranks of ``group`` (the default group if None); a no-op without torch.distributed.
-
-        With NCCL, build the metric with ``device`` set to this rank's GPU.
-        """
+        """Sum the areas over the ranks of ``group`` (None: the default group); a no-op without torch.distributed.
+        With NCCL, build the metric with ``device`` set to this rank's GPU."""
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(self.areas, op=dist.ReduceOp.SUM, group=group)
 

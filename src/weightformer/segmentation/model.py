@@ -10,7 +10,7 @@ Two protocols (``protocol``, the run's ``--protocol``) build the pyramid that Up
   (``in_index=2``). The paper's ADE20K comparison uses this protocol.
 - ``simple-pyramid``: ViTDet's simple feature pyramid on the last block
   (:class:`~weightformer.models.pyramid.SimpleFeaturePyramid`, ``pyramid_channels`` wide), with a
-  512-channel head: the detection tasks' neck, and what checkpoints from before ``--protocol`` hold.
+  512-channel head: the detection tasks' neck, and the protocol of checkpoints that record none.
 """
 
 from __future__ import annotations
@@ -51,17 +51,10 @@ def _pyramid(backbone: nn.Module, protocol: str, pyramid_channels: Optional[int]
     return SimpleFeaturePyramid(backbone, out_channels=channels, top_block=False)  # no "pool" level
 
 
-def build_upernet(
-    backbone: Union[str, nn.Module],
-    num_classes: int,
-    protocol: str = "simple-pyramid",
-    channels: Optional[int] = None,
-    pyramid_channels: Optional[int] = None,
-    aux_channels: int = 256,
-    pool_scales: Sequence[int] = (1, 2, 3, 6),
-    out_indices: Optional[Sequence[int]] = None,
-    **kwargs: Any,
-) -> UperNet:
+def build_upernet(backbone: Union[str, nn.Module], num_classes: int, protocol: str = "simple-pyramid",
+                  channels: Optional[int] = None, pyramid_channels: Optional[int] = None, aux_channels: int = 256,
+                  pool_scales: Sequence[int] = (1, 2, 3, 6), out_indices: Optional[Sequence[int]] = None,
+                  **kwargs: Any) -> UperNet:
     """UperNet on ``backbone``: (B, 3, H, W) images -> (B, num_classes, H, W) logits.
 
     ``backbone`` is a timm model name (made by :func:`weightformer.models.pyramid.build_backbone`

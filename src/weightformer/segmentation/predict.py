@@ -83,18 +83,10 @@ def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours
     return label_path, overlay_path
 
 
-def predict(
-    checkpoint: str | os.PathLike,
-    images: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
-    use_ema: bool = False,
-    inference: Optional[str] = None,
-    crop: Optional[int] = None,
-    stride: Optional[int] = None,
-    alpha: float = 0.5,
-    device: str = "auto",
-    overwrite: bool = False,
-) -> list[tuple[Path, Path, Path]]:
+def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], out: str | os.PathLike,
+            use_ema: bool = False, inference: Optional[str] = None, crop: Optional[int] = None,
+            stride: Optional[int] = None, alpha: float = 0.5, device: str = "auto", overwrite: bool = False
+            ) -> list[tuple[Path, Path, Path]]:
     """Predict ``images`` (files, or folders of them) with the model of ``checkpoint`` (a ``last.pt`` or
     ``best.pt`` of ``weightformer seg train``) and write, for each, ``<out>/<name>.png`` (the class map)
     and ``<out>/<name>_overlay.png`` (its colours at opacity ``alpha`` over the image). ``inference``,

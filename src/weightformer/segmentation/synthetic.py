@@ -1,21 +1,16 @@
 """``shapes``: a small segmentation data set drawn procedurally, so a first run needs no download.
 
 Each image (64 to 96 px a side) is a grainy, greyish colour-graded background with 1 to 4 filled
-circles, squares and triangles of random sizes, rotations and positions (later shapes cover
-earlier ones). Each class draws its colour from its own band of hues (circles red to yellow,
-squares yellow-green to cyan, triangles blue to magenta, at random saturation and brightness), so
-colour is a strong hint and the outline tells the rest.
-The annotations use the ADE20K layout and encoding (see :mod:`weightformer.segmentation.data`):
+circles, squares and triangles of random sizes, rotations and positions, each class's colour from its
+own band of hues (:data:`HUE_BANDS`). The annotations use the ADE20K layout and encoding
+(:mod:`weightformer.segmentation.data`):
 
     0 unlabelled (a 1 px ring on each shape's edge, ignored with reduce-zero-label)
     1 background   2 circle   3 square   4 triangle
 
-so with reduce-zero-label (the default) the model learns 4 classes: background, circle, square,
-triangle.
-
-The set is a pure function of its seed and sizes. :func:`shapes_root` writes it once into the
-cache (``$XDG_CACHE_HOME/weightformer``, else ``~/.cache/weightformer``): into a temporary folder
-that is renamed into place when complete, so a killed write never leaves a half data set.
+The set is a pure function of its seed and sizes. :func:`shapes_root` writes it once into the cache
+(``$XDG_CACHE_HOME/weightformer``, else ``~/.cache/weightformer``) through a temporary folder renamed
+into place when complete.
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ def _class_colour(rng: np.random.Generator, kind: int) -> tuple[int, int, int]:
     hue = rng.uniform(*HUE_BANDS[kind]) % 1.0
     saturation, value = rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
     hsv = Image.new("HSV", (1, 1), (int(hue * 255), int(saturation * 255), int(value * 255)))
-    r, g, b = hsv.convert("RGB").getpixel((0, 0))
-    return r, g, b
+    return tuple(hsv.convert("RGB").getpixel((0, 0)))
 
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -105,10 +99,7 @@ def draw_sample(rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
 
 def write_shapes(root: str | os.PathLike, train: int = TRAIN_IMAGES, val: int = VAL_IMAGES, seed: int = SEED) -> Path:
     """Write the set in the ADE20K layout under ``root`` (which must not hold one yet); returns ``root``.
-
-    Image i of a split is drawn from the seed sequence (seed, split, i), so the set does not depend
-    on the order or number of images written.
-    """
+    Image i of a split is drawn from the seed sequence (seed, split, i)."""
     root = Path(root)
     for split_index, (split, count) in enumerate((("training", train), ("validation", val))):
         image_dir, label_dir = root / "images" / split, root / "annotations" / split
