@@ -138,18 +138,21 @@ def test_a_small_folder_without_init_learns_from_scratch_at_its_images_size(coco
     assert "holds 4 training images" in choice.reason and "no --init" in choice.reason
     side = choice.recipe.values["img_size"]
     assert side in (96, 128) and f"img_size {side}" in choice.reason  # the shapes images are 96 to 128 px
-    assert choice.recipe.values["model_kwargs"] == recipes.OFFLINE.values["model_kwargs"]  # the model that learns
+    offline = recipes.recipe("shapes.yaml").values  # the model that learns
+    assert {k: choice.recipe.values[k] for k in ("model_kwargs", "detector_kwargs")} == \
+        {k: offline[k] for k in ("model_kwargs", "detector_kwargs")}
     assert choice.line().startswith("recipe small-data: ")
 
 
 def test_init_and_many_images_get_vitdets_recipe(coco2017: Path, monkeypatch):
     monkeypatch.setattr(recipes, "count_files", lambda folder, extensions: 118_287)  # COCO train2017's size
     choice = DetectionTask.choose_recipe(str(coco2017), {"init": "backbone.pth"})
-    assert choice.recipe is recipes.VITDET
+    assert choice.recipe.path.name == recipes.COCO
     assert "118287 training images" in choice.reason and "--init" in choice.reason
     cfg = prepare_config({"data": str(coco2017), "init": "backbone.pth"}, task=DetectionTask).cfg
     assert (cfg.img_size, cfg.epochs, cfg.lr, cfg.layer_decay, cfg.decay_milestones) == (1024, 100, 8e-4, 0.777,
                                                                                           (88.9, 96.3))
+    assert (cfg.cascade, cfg.amp, cfg.det_protocol) == (True, "fp16", "vitdet")  # ViTDet's Cascade, with AMP
     # as many images without --init: a from-scratch backbone gets the recipe that learns from scratch
     assert DetectionTask.choose_recipe(str(coco2017), {}).recipe.name == "small-data"
 

@@ -43,7 +43,7 @@ class ClassificationTask(Task):
 
     @classmethod
     def recipes(cls) -> Sequence[Recipe]:
-        return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
+        return recipes.recipes()
 
     @classmethod
     def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:

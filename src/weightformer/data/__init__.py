@@ -41,7 +41,6 @@ __all__ = [
     "SeededTransformDataset",
     "SkippedImagesWarning",
     "build_transforms",
-    "builtin_defaults",
     "load_builtin",
     "load_image_folder",
     "open_dataset",
@@ -61,14 +60,6 @@ class DataInfo:
     std: tuple[float, ...]
     classes: tuple[str, ...]
     skipped: tuple[str, ...] = ()  # unreadable files left out
-
-
-def builtin_defaults(data: str) -> dict[str, Any]:
-    """Training defaults for a built-in data set (empty for an ImageFolder path)."""
-    from .builtin import BUILTIN_DATASETS
-
-    spec = BUILTIN_DATASETS.get(data)
-    return dict(spec.defaults) if spec else {}
 
 
 def open_dataset(

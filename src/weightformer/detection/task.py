@@ -7,8 +7,8 @@ settings are :class:`~weightformer.detection.config.DetectionConfig`, its recipe
 :mod:`weightformer.detection.recipes`. :func:`training_loss` is the loss of a batch;
 :func:`build_detector` rebuilds a model from a checkpoint's ``meta``.
 
-``model_kwargs`` feeds two builders: ``conv_dim``, ``fc_dim`` and torchvision's ``rpn_*``, ``box_*``
-and ``bbox_*`` options go to :func:`build_maskrcnn`, every other key to the timm backbone.
+``model_kwargs`` go to the timm backbone, ``detector_kwargs`` (``conv_dim``, ``fc_dim`` and torchvision's
+``rpn_*``, ``box_*`` and ``bbox_*`` options) to :func:`build_maskrcnn`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.recipes import Recipe, RecipeChoice
 from ..engine.task import Command, Task, TaskData
 from . import recipes, synthetic
-from .config import LEGACY_PROTOCOL, DetectionConfig
+from .config import LEGACY_FALLBACK_PROTOCOL, DetectionConfig, split_model_kwargs
 
 if TYPE_CHECKING:  # the training code below imports them where it runs: the command line needs none of them
     import torch
@@ -37,13 +37,11 @@ if TYPE_CHECKING:  # the training code below imports them where it runs: the com
     from ..engine.distributed import DistInfo
     from .data import CocoDetection, Target
 
-__all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "split_model_kwargs",
-           "training_loss"]
+__all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "training_loss"]
 
 DEFAULT_IMG_SIZE = 1024  # ViTDet's: LSJ crops of 1024², and the model's min and max size
 LSJ_SCALES = (0.1, 2.0)  # ViTDet's large-scale jitter range
 BACKBONE_PATH = "backbone.backbone"  # the timm model inside the detector (Mask R-CNN -> SimpleFeaturePyramid)
-_DETECTOR_PREFIXES = ("rpn_", "box_", "bbox_")
 
 
 def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
@@ -59,12 +57,6 @@ def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
     return sum(losses.values()), {k: v.detach() for k, v in losses.items()}
 
 
-def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(backbone kwargs, detector kwargs)``: see the module docstring."""
-    detector = {k: v for k, v in kwargs.items() if k in ("conv_dim", "fc_dim") or k.startswith(_DETECTOR_PREFIXES)}
-    return {k: v for k, v in kwargs.items() if k not in detector}, detector
-
-
 def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
     protocol, size), randomly initialised. A keyword or value the builders refuse is a ConfigError.
@@ -74,10 +66,13 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     from .model import build_maskrcnn, detection_pyramid
 
     conv_dim = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
-    backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
-    protocol = meta.get("protocol", LEGACY_PROTOCOL)
+    if "detector_kwargs" in meta:
+        backbone_kwargs, detector_kwargs = dict(meta["model_kwargs"]), dict(meta["detector_kwargs"])
+    else:  # a checkpoint saved with one mapping for both
+        backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
+    protocol = meta.get("protocol", LEGACY_FALLBACK_PROTOCOL)
     what = f"a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']}"
-    with model_arguments_checked(what, meta["model_kwargs"]):
+    with model_arguments_checked(what, {**backbone_kwargs, **detector_kwargs}):
         backbone = build_backbone(meta["model"], **backbone_kwargs)
         pyramid = detection_pyramid(backbone, detector_kwargs.get("conv_dim", conv_dim), protocol)
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], protocol=protocol,
@@ -129,7 +124,7 @@ class DetectionTask(Task):
     # ---------------------------------------------------------------------------------------------
     @classmethod
     def recipes(cls) -> Sequence[Recipe]:
-        return recipes.RECIPES
+        return recipes.recipes()
 
     @classmethod
     def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
@@ -218,7 +213,7 @@ class DetectionTask(Task):
         assert val is not None, "build_data comes first"
         meta = {
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
-            "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
+            "detector_kwargs": dict(cfg.detector_kwargs), "num_classes": self.num_classes, "classes": _class_names(val, self.num_classes), "cascade": cfg.cascade,
             "protocol": cfg.det_protocol,
             "img_size": self.img_size,
             "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,

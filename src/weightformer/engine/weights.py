@@ -283,19 +283,6 @@ def load_model(
         meta = owner.meta_for_weights(source, model_state_from(ckpt, False, source), model, model_kwargs)
     else:
         meta = owner.override_meta(meta, model_kwargs)
-    _warn_unnamed_long_range_predictor(owner, meta, source)
     net = owner.model_from_meta(meta)
     load_weights(net, ckpt, use_ema=use_ema, source=source)
     return LoadedModel(owner, net.to(device).eval(), meta, source, ckpt)
-
-
-def _warn_unnamed_long_range_predictor(task: Any, meta: Mapping[str, Any], source: str) -> None:
-    """A long-range design whose checkpoint names no predictor was saved before runs wrote it down, when the
-    design used ``centered``: it rebuilds with today's predictor, which the weights' shapes cannot tell apart."""
-    config_class = getattr(task, "config_class", None)
-    name = meta.get("model")
-    predictor = config_class.long_range_predictor(name) if config_class is not None and name else None
-    if predictor is not None and "linear_predictor" not in (meta.get("model_kwargs") or {}):
-        print(f"warning: {source} is a {name} that names no linear_predictor; it is rebuilt with today's "
-              f"{predictor!r}. A checkpoint saved before 2026-12-01 was trained with 'centered': pass "
-              f"--model-kwargs linear_predictor=centered", file=sys.stderr)

@@ -103,7 +103,7 @@ class SegmentationTask(Task):
 
     @classmethod
     def recipes(cls) -> Sequence[Recipe]:
-        return recipes.RECIPES
+        return recipes.recipes()
 
     @classmethod
     def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:
