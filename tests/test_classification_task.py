@@ -48,7 +48,7 @@ def test_the_python_api_resolves_what_the_command_line_resolves(argv, overrides,
 
 def test_a_small_folder_gets_the_small_data_recipe_and_init_the_fine_tuning_one(folder: Path, tmp_path: Path):
     small = prepare_config({"data": str(folder)}, task=ClassificationTask)
-    assert small.recipe.recipe.name == "small-images" and "holds 12 images of 20 px" in small.recipe.reason
+    assert small.recipe.recipe.name == "small-data" and "holds 12 images of 20 px" in small.recipe.reason
     assert (small.cfg.batch_size, small.cfg.mixup, small.cfg.epochs) == (32, 0.0, 100)
     # 20 px images keep their size (rounded to the 4 px patch) instead of 2x2 tokens at 224 px and patch 16
     assert small.cfg.img_size == 20 and small.cfg.model_kwargs["patch_size"] == 4

@@ -54,6 +54,8 @@ def _write(folder: Path, name: str, text: str) -> Path:
 def test_bases_merge_in_order_with_lists_and_nested_mappings(tmp_path: Path):
     _write(tmp_path, "a.yaml", "epochs: 1\nlr: 0.1\nmodel_kwargs: {depth: 2, embed_dim: 8}\ndecay_milestones: [1, 2]\n")
     _write(tmp_path, "b.yaml", "_base_: a.yaml\nepochs: 2\nmodel_kwargs: {depth: 3}\n")
+    replaced = _write(tmp_path, "replaced.yaml", "_base_: a.yaml\nmodel_kwargs: {_delete_: true, depth: 5}\n")
+    assert read_yaml_tree(replaced)["model_kwargs"] == {"depth": 5}
     (tmp_path / "sub").mkdir()
     _write(tmp_path / "sub", "c.yaml", "lr: 0.3\ndecay_milestones: [5]\n")
     top = _write(tmp_path, "top.yaml", "_base_: [b.yaml, sub/c.yaml]\nbatch_size: 4\n")

@@ -300,16 +300,21 @@ def _read_mapping(path: Path, role: str) -> dict[str, Any]:
 
 
 def _merged(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` on ``under``: mappings merge key by key, anything else (lists too) is replaced."""
+    """``over`` on ``under``: mappings merge key by key (one holding ``_delete_: true`` replaces instead),
+    anything else (lists too) is replaced."""
     out = dict(under)
     for key, value in over.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        if isinstance(value, dict):
+            keep = isinstance(out.get(key), dict) and not value.get("_delete_")
+            value = _merged(out[key] if keep else {}, {k: v for k, v in value.items() if k != "_delete_"})
+        out[key] = value
     return out
 
 
 def read_yaml_tree(path: str | Path, role: str = "config file", _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping in YAML file ``path`` over those of its ``_base_`` files (mmdetection's rule: a path
-    relative to the file, or a list of them, later ones over earlier ones; bases may have bases).
+    """The mapping in YAML file ``path`` over those of its ``_base_`` files (mmdetection's rules: a path
+    relative to the file, or a list of them, later ones over earlier ones; bases may have bases;
+    mappings merge, except one with ``_delete_: true``).
     A base's ``recipe`` key (a recipe file's name and summary) is not inherited."""
     path = Path(path).expanduser()
     if path.resolve() in _seen:
