@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from weightformer.cli import main
+from weightformer.detection.config import split_model_kwargs
 from weightformer.engine import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -79,6 +80,9 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     # the same model, data and classes: nothing from another recipe. A dense run's meta now names its
     # protocol (issue 21): a legacy run resumes as the protocol it was trained with.
     protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
+    if folder == "det":  # a detection run's meta now keeps the detector's kwargs apart from the backbone's
+        backbone, detector = split_model_kwargs(saved["meta"]["model_kwargs"])
+        protocol = {**protocol, "model_kwargs": backbone, "detector_kwargs": detector}
     assert "protocol" not in saved["meta"] and after["meta"] == {**saved["meta"], **protocol}
 
 

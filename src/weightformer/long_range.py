@@ -19,8 +19,8 @@ __all__ = ["LongRangeConfig"]
 
 @dataclass
 class LongRangeConfig(TrainConfig):
-    """A task's settings with ``--long-range``; a task whose models are not timm backbones overrides
-    :meth:`long_range_designs` and ``LONG_RANGE_HINT``."""
+    """A task's settings whose model is a timm name, with ``--long-range``; a task whose models are not
+    timm backbones overrides :meth:`long_range_designs` and ``LONG_RANGE_HINT``."""
 
     long_range: bool = setting(False, help="use the long-range design of --model (the double_centered predictor in "
                                            "every block, docs/analysis.md), keeping the recipe's model settings: "
@@ -57,3 +57,11 @@ class LongRangeConfig(TrainConfig):
 
             values["model_kwargs"] = {"linear_predictor": LONG_RANGE_ARGS["linear_predictor"], **values["model_kwargs"]}
         return super().finish(values)
+
+    def check(self) -> None:
+        from .models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
+
+        super().check()
+        problem = unknown_timm_model(self.model)
+        if problem:
+            raise ConfigError(problem)

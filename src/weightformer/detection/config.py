@@ -73,22 +73,17 @@ class DetectionConfig(LongRangeConfig):
 
     def __post_init__(self) -> None:
         """Detector keywords given in ``model_kwargs`` (``--model-kwargs conv_dim=128``, a run saved with
-        one mapping for both) move to ``detector_kwargs``."""
+        one mapping for both) move to ``detector_kwargs``, over its values."""
         if isinstance(self.model_kwargs, dict) and isinstance(self.detector_kwargs, dict):
             self.model_kwargs, detector = split_model_kwargs(self.model_kwargs)
-            self.detector_kwargs = {**detector, **self.detector_kwargs}
+            self.detector_kwargs = {**self.detector_kwargs, **detector}
 
     def check(self) -> None:
-        from ..models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
-
         super().check()
         backbone, _ = split_model_kwargs(self.detector_kwargs)
         if backbone:
             raise ConfigError(f"detector_kwargs {sorted(backbone)} are not the detector's; its keywords are conv_dim, "
                               f"fc_dim, rpn_*, box_* and bbox_* (build_maskrcnn's), the backbone's go in model_kwargs")
-        problem = unknown_timm_model(self.model)
-        if problem:
-            raise ConfigError(problem)
 
 
 def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

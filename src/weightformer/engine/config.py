@@ -178,12 +178,8 @@ NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
 
 
 def scaled_learning_rates(cfg: TrainConfig, world_batch: int) -> dict[str, float]:
-    """The run's learning rates for a total batch of ``world_batch`` samples per step.
-
-    ``cfg.lr``, ``cfg.min_lr`` and ``cfg.warmup_lr`` are for a total batch of 512; each is scaled by
-    ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR. Returns
-    ``{"lr": ..., "min_lr": ..., "warmup_lr": ...}``.
-    """
+    """``{"lr", "min_lr", "warmup_lr"}`` for a total batch of ``world_batch``: each of ``cfg``'s, given for
+    512, times ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR."""
     scale = world_batch / REFERENCE_BATCH
     return {name: getattr(cfg, name) * scale for name in ("lr", "min_lr", "warmup_lr")}
 
@@ -347,11 +343,8 @@ _FLAG_EXAMPLES = {"--set": "weight_decay=0.1"}
 
 
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:
-    """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML values).
-
-    ``flag`` is the command-line option the items came from (``--model-kwargs``, ``--set``), named in
-    the error messages.
-    """
+    """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML
+    values); ``flag``, the option they came from (``--model-kwargs``, ``--set``), is named in errors."""
     example = f"{flag} {_FLAG_EXAMPLES.get(flag, 'patch_size=4')}"
     kwargs: dict[str, Any] = {}
     for item in items:
@@ -361,9 +354,8 @@ def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[s
         try:
             kwargs[key.strip()] = load_yaml(raw)
         except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"{flag} {item!r}: the value is not valid YAML ({yaml_reason(exc)}); write e.g. {example}"
-            ) from exc
+            raise ConfigError(f"{flag} {item!r}: the value is not valid YAML ({yaml_reason(exc)}); "
+                              f"write e.g. {example}") from exc
     return kwargs
 
 
@@ -422,10 +414,8 @@ def _check_opt(opt: str) -> None:
     if base not in names:
         close = difflib.get_close_matches(base, names, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ConfigError(
-            f"opt {opt!r} is not a timm optimizer; {hint}choose one of timm.optim.list_optimizers(), "
-            f"optionally prefixed lookahead_: {', '.join(names)}"
-        )
+        raise ConfigError(f"opt {opt!r} is not a timm optimizer; {hint}choose one of timm.optim.list_optimizers(), "
+                          f"optionally prefixed lookahead_: {', '.join(names)}")
     try:
         get_optimizer_class(base)
     except (ImportError, AssertionError) as exc:  # apex/bitsandbytes missing, or no CUDA for them

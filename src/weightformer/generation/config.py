@@ -57,6 +57,6 @@ class GenerationConfig(LongRangeConfig):
     def check(self) -> None:
         from .variants import DIT_VARIANTS  # imports the models (torch, diffusers): the command line reads this class
 
-        super().check()
         if self.model not in DIT_VARIANTS:
             raise ConfigError(f"model {self.model!r} is not a diffusion model; choose one of {', '.join(DIT_VARIANTS)}")
+        super().check()

@@ -58,12 +58,7 @@ class SegmentationConfig(LongRangeConfig):
     )
 
     def check(self) -> None:
-        from ..models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
-
         super().check()
-        problem = unknown_timm_model(self.model)
-        if problem:
-            raise ConfigError(problem)
         check_windows(self.seg_inference, self.seg_crop, self.seg_stride)
 
 
