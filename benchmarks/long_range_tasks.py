@@ -55,15 +55,11 @@ BATCH = 8  # images per timed inference call
 
 
 def _recipe_kwargs(task: str) -> dict[str, Any]:
-    """The offline recipe's model and model_kwargs (the attention baseline keeps the non-backbone ones)."""
-    if task == "det":
-        from weightformer.detection.recipes import OFFLINE
-        values = OFFLINE.values
-    elif task == "seg":
-        from weightformer.segmentation.recipes import OFFLINE
-        values = OFFLINE.values
-    else:
-        from weightformer.generation.recipes import OFFLINE_VALUES as values
+    """The offline recipe's model, model_kwargs (the backbone's) and img_size."""
+    from weightformer.engine.registry import get_task
+
+    name = {"det": "detection", "seg": "segmentation", "gen": "generation"}[task]
+    values = get_task(name).recipes()[0].values  # each task lists its offline recipe first
     return {"model": values["model"], "model_kwargs": dict(values["model_kwargs"]), "img_size": values["img_size"]}
 
 

@@ -96,7 +96,10 @@ OFFLINE = Recipe("offline", "generated 32 px blobs: blobnet width 16, batch 32, 
 SMALL_DATA = Recipe("small-data", "the offline recipe at batch 16 for 40 epochs, images decoded by 2 workers", {
     **OFFLINE.values, "epochs": 40, "batch_size": 16, "warmup_epochs": 2, "workers": 2,
 })
-RECIPES = (OFFLINE, SMALL_DATA)
+
+
+def recipes() -> tuple[Recipe, ...]:
+    return OFFLINE, SMALL_DATA
 
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
@@ -375,7 +378,7 @@ class BlobsTask(Task):
 
     name = "blobs"
     config_class = BlobsConfig
-    recipes_module = __name__  # RECIPES and choose_recipe above
+    recipes_module = __name__  # recipes() and choose_recipe() above
     output_prefix = "blobs_"
     best_metric = "mae"
     higher_is_better = False

@@ -53,7 +53,7 @@ def test_a_small_folder_gets_the_small_data_recipe_and_init_the_fine_tuning_one(
     # 20 px images keep their size (rounded to the 4 px patch) instead of 2x2 tokens at 224 px and patch 16
     assert small.cfg.img_size == 20 and small.cfg.model_kwargs["patch_size"] == 4
     tuned = prepare_config({"data": str(folder), "init": str(tmp_path / "w.pt")}, task=ClassificationTask)
-    assert tuned.recipe.recipe is recipes.FINE_TUNE and "--init" in tuned.recipe.reason
+    assert tuned.recipe.recipe == recipes.recipe("fine-tune.yaml") and "--init" in tuned.recipe.reason
     assert prepare_config({}, task=ClassificationTask).recipe.recipe.name == "offline"  # mnist
 
 

@@ -96,7 +96,7 @@ def _error(overrides: dict) -> str:
     ({"img_size": 0}, r"img_size must be a positive number of pixels"),
     ({"device": "tpu"}, r"device must be auto, cuda or cpu, got 'tpu'$"),
     ({"data": ""}, r"data must be a data folder or a built-in data set"),
-    ({"model": ""}, r"model must be a model name such as weightformer_tiny"),
+    ({"model": ""}, r"model must be a model name \(--model NAME\)"),
     ({"model": "weightformer_tinny"}, r"'weightformer_tinny' is not a timm model; did you mean weightformer_tiny"),
     ({"resume": ""}, r"resume must be auto, a checkpoint path, or null"),
 ])

@@ -35,12 +35,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
           decay_milestones=(8.0, 11.0))),
 ])
 def test_shipped_detection_configs_validate(name: str, expected: dict):
-    cfg = validate_config(DetectionConfig(**load_config_file(CONFIGS / name, DetectionConfig)))
+    cfg = validate_config(DetectionConfig(**load_config_file(CONFIGS / "detection" / name, DetectionConfig)))
     assert {k: getattr(cfg, k) for k in expected} == expected
 
 
 def test_shipped_segmentation_config_validates():
-    values = load_config_file(CONFIGS / "ade20k_upernet_weightformer_s_160k.yaml", SegmentationConfig)
+    values = load_config_file(CONFIGS / "segmentation" / "ade20k_upernet_weightformer_s_160k.yaml", SegmentationConfig)
     cfg = validate_config(SegmentationConfig(**values))
     expected = dict(model="weightformer_small", num_classes=150, img_size=512, sched="poly", decay_rate=1.0,
                     seg_inference="slide", seg_crop=512, seg_stride=341)
@@ -49,9 +49,9 @@ def test_shipped_segmentation_config_validates():
 
 def test_effective_learning_rates_are_the_recipes():
     """Per 512 images in the files; at the recipes' total batches, the values the papers give."""
-    for name, gpus, lr in (("coco_cascade_maskrcnn_weightformer_t_lsj_100ep.yaml", 8, 1e-4),
-                           ("coco_maskrcnn_weightformer_t_1x.yaml", 8, 1e-4),
-                           ("ade20k_upernet_weightformer_s_160k.yaml", 8, 6e-5)):
+    for name, gpus, lr in (("detection/coco_cascade_maskrcnn_weightformer_t_lsj_100ep.yaml", 8, 1e-4),
+                           ("detection/coco_maskrcnn_weightformer_t_1x.yaml", 8, 1e-4),
+                           ("segmentation/ade20k_upernet_weightformer_s_160k.yaml", 8, 6e-5)):
         values = load_config_file(CONFIGS / name)
         assert values["lr"] * values["batch_size"] * gpus / 512 == pytest.approx(lr)
 

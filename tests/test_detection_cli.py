@@ -51,7 +51,7 @@ def test_train_writes_the_run_and_draws_val_images(trained: Path, capsys):
     meta = torch.load(trained / "best.pt", weights_only=True)["meta"]
     assert meta["task"] == "detection" and meta["model"] == "weightformer_tiny" and not meta["cascade"]
     assert meta["classes"] == ["circle", "square", "triangle"] and meta["num_classes"] == 3
-    assert meta["model_kwargs"]["conv_dim"] == 16 and meta["img_size"] == 64
+    assert meta["detector_kwargs"]["conv_dim"] == 16 and "conv_dim" not in meta["model_kwargs"] and meta["img_size"] == 64
     assert len(list((trained / "visualize").glob("*.png"))) == 2
 
 

@@ -11,7 +11,7 @@ import torch
 
 from conftest_train import assert_same_weights, weights
 from weightformer.detection import DetectionTask, SeededJitterDataset, synthetic
-from weightformer.detection.task import split_model_kwargs
+from weightformer.detection.config import split_model_kwargs
 from weightformer.detection.config import DetectionConfig
 from weightformer.engine import train
 from weightformer.engine.distributed import init_distributed

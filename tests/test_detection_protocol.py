@@ -18,7 +18,7 @@ from detection_stand_ins import FakePyramid
 from weightformer.detection import cascade as cascade_module
 from weightformer.detection.cascade import STAGE_IOU_THRESHOLDS, MaskRCNNRoIHeads, box_loss
 from weightformer.detection import recipes
-from weightformer.detection.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, PROTOCOLS, DetectionConfig
+from weightformer.detection.config import DEFAULT_PROTOCOL, LEGACY_FALLBACK_PROTOCOL, PROTOCOLS, DetectionConfig
 from weightformer.detection.model import (
     AlignedMultiScaleRoIAlign, L1RegionProposalNetwork, build_maskrcnn, detection_pyramid,
 )
@@ -29,7 +29,7 @@ from weightformer.models.layer_decay import layer_decay_param_groups
 from weightformer.models.pyramid import build_backbone
 
 SIZE = 96
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "detection"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,13 +56,15 @@ PROPOSALS = [torch.tensor([[10.0, 10, 60, 60], [22, 28, 58, 72], [0, 0, 30, 30],
 
 
 def test_protocol_names_and_defaults():
-    """build_maskrcnn's default is the reference; the setting's is the detector runs were saved with
-    before it existed (a resumed old run gets it). The COCO-size recipes set vitdet, the from-scratch
-    shapes recipes torchvision (measured better there: docs/dense.md)."""
+    """build_maskrcnn's default and a new run's is the reference; the legacy fallback is the detector runs
+    were saved with before the setting existed. The COCO-size recipes set vitdet, the from-scratch shapes
+    recipes torchvision (measured better there: docs/dense.md)."""
     assert PROTOCOLS == ("vitdet", "torchvision") and DEFAULT_PROTOCOL == "vitdet"
-    assert DetectionConfig().det_protocol == LEGACY_PROTOCOL == "torchvision"
-    assert recipes.VITDET.values["det_protocol"] == recipes.FINE_TUNE.values["det_protocol"] == "vitdet"
-    assert recipes.OFFLINE.values["det_protocol"] == recipes.SMALL_DATA.values["det_protocol"] == "torchvision"
+    assert DetectionConfig().det_protocol == DEFAULT_PROTOCOL and LEGACY_FALLBACK_PROTOCOL == "torchvision"
+    protocol = {file: recipes.recipe(file).values["det_protocol"]
+                for file in (recipes.COCO, "fine-tune.yaml", "shapes.yaml", "small-data.yaml")}
+    assert protocol == {recipes.COCO: "vitdet", "fine-tune.yaml": "vitdet", "shapes.yaml": "torchvision",
+                        "small-data.yaml": "torchvision"}
     with pytest.raises(ValueError, match="unknown detection protocol 'mmdet'; choose one of vitdet, torchvision"):
         build_maskrcnn(FakePyramid(), 3, protocol="mmdet")
 

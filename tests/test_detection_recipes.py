@@ -28,6 +28,11 @@ COCO_2017 = {"train2017": 4, "val2017": 2}
 TINY_KWARGS = dict(item.split("=") for item in TINY[1:TINY.index("--img-size")])  # KEY=VALUE strings
 
 
+def _kwargs(config: dict) -> dict:
+    """The backbone's and the detector's keyword arguments of a saved config, in one mapping as TINY gives them."""
+    return {**config["model_kwargs"], **config["detector_kwargs"]}
+
+
 @pytest.fixture(scope="module")
 def coco2017(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """COCO 2017 as downloaded, both ways at once: val2017/ under images/, train2017/ beside annotations/."""
@@ -59,8 +64,7 @@ def test_resume_auto_alone_continues_a_coco_2017_run_with_its_own_settings(coco2
     assert after["global_step"] == 4  # 2 epochs of 4 images at batch 2
     assert after["meta"] == saved["meta"] and after["meta"]["data"] == str(coco2017.resolve())
     # the run's own model kwargs, nothing merged in from a recipe (the shapes job's have embed_dim 64, rpn_* ...)
-    assert after["config"]["model_kwargs"] == saved["config"]["model_kwargs"] == {
-        k: int(v) for k, v in TINY_KWARGS.items()}
+    assert _kwargs(after["config"]) == _kwargs(saved["config"]) == {k: int(v) for k, v in TINY_KWARGS.items()}
     unchanged = {k: v for k, v in saved["config"].items() if k not in ("max_steps", "resume")}
     assert {k: after["config"][k] for k in unchanged} == unchanged
     assert after["config"]["clip_grad"] == 2.5 and after["config"]["img_size"] == 64
@@ -100,7 +104,7 @@ def test_the_resume_command_det_train_prints_after_sigterm_continues_a_coco_2017
     assert after["meta"] == saved["meta"] and after["meta"]["data"] == str(coco2017.resolve())
     assert {k: v for k, v in after["config"].items() if k != "resume"} == \
         {k: v for k, v in saved["config"].items() if k != "resume"}
-    assert after["config"]["model_kwargs"] == {k: int(v) for k, v in TINY_KWARGS.items()}
+    assert _kwargs(after["config"]) == {k: int(v) for k, v in TINY_KWARGS.items()}
     assert after["config"]["clip_grad"] == 2.5 and after["config"]["img_size"] == 64
 
 
@@ -138,18 +142,21 @@ def test_a_small_folder_without_init_learns_from_scratch_at_its_images_size(coco
     assert "holds 4 training images" in choice.reason and "no --init" in choice.reason
     side = choice.recipe.values["img_size"]
     assert side in (96, 128) and f"img_size {side}" in choice.reason  # the shapes images are 96 to 128 px
-    assert choice.recipe.values["model_kwargs"] == recipes.OFFLINE.values["model_kwargs"]  # the model that learns
+    offline = recipes.recipe("shapes.yaml").values  # the model that learns
+    assert {k: choice.recipe.values[k] for k in ("model_kwargs", "detector_kwargs")} == \
+        {k: offline[k] for k in ("model_kwargs", "detector_kwargs")}
     assert choice.line().startswith("recipe small-data: ")
 
 
 def test_init_and_many_images_get_vitdets_recipe(coco2017: Path, monkeypatch):
     monkeypatch.setattr(recipes, "count_files", lambda folder, extensions: 118_287)  # COCO train2017's size
     choice = DetectionTask.choose_recipe(str(coco2017), {"init": "backbone.pth"})
-    assert choice.recipe is recipes.VITDET
+    assert choice.recipe.path.name == recipes.COCO
     assert "118287 training images" in choice.reason and "--init" in choice.reason
     cfg = prepare_config({"data": str(coco2017), "init": "backbone.pth"}, task=DetectionTask).cfg
     assert (cfg.img_size, cfg.epochs, cfg.lr, cfg.layer_decay, cfg.decay_milestones) == (1024, 100, 8e-4, 0.777,
                                                                                           (88.9, 96.3))
+    assert (cfg.cascade, cfg.amp, cfg.det_protocol) == (True, "fp16", "vitdet")  # ViTDet's Cascade, with AMP
     # as many images without --init: a from-scratch backbone gets the recipe that learns from scratch
     assert DetectionTask.choose_recipe(str(coco2017), {}).recipe.name == "small-data"
 

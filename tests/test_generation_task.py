@@ -136,7 +136,7 @@ def test_the_python_api_resolves_the_config_of_the_command_line(folder: Path, tm
     assert isinstance(from_cli, GenerationConfig) and from_cli == from_python
     assert (from_cli.min_snr_gamma, from_cli.vae, from_cli.no_aug) == (5.0, str(tmp_path / "vae"), True)
     assert from_cli.model_kwargs == TINY  # another model than the recipe's: its kwargs are not merged in
-    assert from_cli.lr == recipes.SMALL_DATA.values["lr"]  # the rest is the small-data recipe's
+    assert from_cli.lr == recipes.recipe("small-data.yaml").values["lr"]  # the rest is the small-data recipe's
     plain = build_parser(GenerationTask).parse_args(["train"])
     assert prepare_config(train_overrides(plain, GenerationTask), task=GenerationTask).cfg == \
         prepare_config({}, task=GenerationTask).cfg

@@ -14,6 +14,7 @@ from PIL import Image
 
 from weightformer.checkpoint import save_atomic
 from weightformer.cli import main
+from weightformer.detection.config import split_model_kwargs
 from weightformer.engine import CHECKPOINT_FORMAT, load_model, read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,6 +82,9 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     # the same model, data and classes: nothing from another recipe. A dense run's meta names its
     # protocol: a legacy run, which names none, resumes as the protocol it was trained with.
     protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
+    if folder == "det":  # a detection run's meta now keeps the detector's kwargs apart from the backbone's
+        backbone, detector = split_model_kwargs(saved["meta"]["model_kwargs"])
+        protocol = {**protocol, "model_kwargs": backbone, "detector_kwargs": detector}
     assert "protocol" not in saved["meta"] and after["meta"] == {**saved["meta"], **protocol}
 
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize(("task", "released", "kept"), [
     ("classification", "weightformer_tiny", None),
-    ("detection", "weightformer_tiny", {"embed_dim": 64, "depth": 4, "conv_dim": 64}),
+    ("detection", "weightformer_tiny", {"embed_dim": 64, "depth": 4}),
     ("segmentation", "weightformer_tiny", {"embed_dim": 96, "depth": 4, "pyramid_channels": 64}),
     ("generation", "wf_dit_s_4", {"hidden_size": 64, "depth": 6, "learn_sigma": False}),
 ])
@@ -178,9 +178,8 @@ def test_long_range_backbone_in_each_segmentation_protocol(protocol):
     assert logits.shape == (1, 4, 64, 64) and torch.isfinite(logits).all()
 
 
-def test_a_long_range_checkpoint_that_names_no_predictor_is_loaded_with_a_warning(tmp_path, capsys):
-    """A long-range checkpoint whose meta names no predictor (one trained with ``centered``, say) loads with
-    the variant's predictor and a warning; ``linear_predictor`` in the model kwargs pins it, silently."""
+def test_a_long_range_checkpoint_that_names_no_predictor_loads_with_the_registered_one(tmp_path):
+    """A meta without ``linear_predictor`` rebuilds with the design's registered predictor; one passed wins."""
     from weightformer.checkpoint import save_atomic
     from weightformer.engine.weights import load_model
 
@@ -192,8 +191,6 @@ def test_a_long_range_checkpoint_that_names_no_predictor_is_loaded_with_a_warnin
     old = tmp_path / "old.pt"
     save_atomic({"model": model.state_dict(), "meta": meta}, old)
     loaded = load_model(old, task="classification")
-    assert "names no linear_predictor" in capsys.readouterr().err
     assert loaded.model.blocks[0].mlp.fc1.predictor_name == LONG_RANGE_ARGS["linear_predictor"]
     pinned = load_model(old, task="classification", model_kwargs={"linear_predictor": "centered"})
-    assert "names no linear_predictor" not in capsys.readouterr().err
     assert pinned.model.blocks[0].mlp.fc1.predictor_name == "centered"

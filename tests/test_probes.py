@@ -101,7 +101,7 @@ def test_probe_names_with_options_open_as_builtin_data_sets():
     assert (len(splits["train"]), len(splits["val"])) == (10, 6)
     assert splits["train"].images.shape[1:] == (32, 32)
     assert not np.array_equal(splits["train"].images[:6], splits["val"].images)  # separate seed streams
-    assert BUILTIN_DATASETS["path_link"].defaults["img_size"] == 64
+    assert BUILTIN_DATASETS["path_link"].img_size == 64
     assert "mnist" in BUILTIN_DATASETS and "glyph_count:size=48" in BUILTIN_DATASETS
     with pytest.raises(DataError, match="probe option"):
         open_dataset("glyph_match:pixels=3")

@@ -14,7 +14,7 @@ from weightformer.engine import ConfigError, parse_model_kwargs, prepare_config,
 from weightformer.engine.config import scaled_learning_rates
 from weightformer.models import WeightFormer
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "classification"
 
 
 # The authors' release, github.com/LeapLabTHU/WeightFormer at cb55a4a: config.py's defaults under
@@ -54,7 +54,7 @@ def _resolve(overrides: dict, config_file: Path | None = None):
 def _shipped(variant: str, data: Path):
     prepared = prepare_config({"data": str(data)}, str(CONFIGS / f"imagenet_weightformer_{variant}.yaml"),
                               task=ClassificationTask)
-    assert prepared.recipe.recipe is recipes.IMAGENET
+    assert prepared.recipe.recipe.path == CONFIGS / "imagenet_weightformer_t.yaml"
     return prepared.cfg, prepared.applied
 
 
@@ -62,7 +62,8 @@ def _shipped(variant: str, data: Path):
 def test_shipped_configs_are_the_release_recipe(variant: str, model: str, img_size: int, drop_path: float, amp: str,
                                                 imagenet: Path):
     cfg, applied = _shipped(variant, imagenet)
-    assert applied == {}  # no small-image defaults leak into an ImageNet run
+    # no small-image defaults leak into an ImageNet run: the recipe is T's file, whose model kwargs S and B override
+    assert set(applied) <= {"model_kwargs"} and applied.get("model_kwargs", {}).items() <= cfg.model_kwargs.items()
     assert {name: getattr(cfg, name) for name in RELEASE} == RELEASE
     assert (cfg.model, cfg.img_size, cfg.amp, cfg.crop_mode) == (model, img_size, amp, "squash")
     # timm's names: the release's MLP dropout (its drop_rate, 0.0) is proj_drop_rate; no head dropout.
@@ -76,12 +77,16 @@ def test_shipped_configs_run_the_release_schedule_at_its_batch(variant: str, ima
     assert scaled_learning_rates(cfg, cfg.batch_size * RELEASE_GPUS) == RELEASE_EFFECTIVE
 
 
-def test_defaults_are_the_release_recipe_for_t():
-    cfg = ClassificationConfig()
+def test_the_imagenet_recipe_is_the_release_recipe_for_t_and_the_defaults_are_neutral():
+    cfg = resolve_config(ClassificationConfig, recipes.recipe("imagenet_weightformer_t.yaml").values)
     assert {name: getattr(cfg, name) for name in RELEASE} == RELEASE
-    assert (cfg.model, cfg.model_kwargs) == ("weightformer_tiny", {})
-    defaults = inspect.signature(WeightFormer).parameters  # no kwargs: the model's dropouts, all 0.0 as in T
-    assert [defaults[name].default for name in ("drop_rate", "proj_drop_rate", "drop_path_rate")] == [0.0] * 3
+    assert (cfg.model, cfg.amp, cfg.crop_mode) == ("weightformer_tiny", "fp16", "squash")
+    defaults = inspect.signature(WeightFormer).parameters  # the recipe's dropouts are the model's, all 0.0 in T
+    assert [defaults[name].default for name in ("drop_rate", "proj_drop_rate", "drop_path_rate")] == \
+        [cfg.model_kwargs[name] for name in ("drop_rate", "proj_drop_rate", "drop_path_rate")] == [0.0] * 3
+    neutral = ClassificationConfig()  # no recipe: no augmentation beyond flips and crops, no warm-up, no clipping
+    assert (neutral.mixup, neutral.cutmix, neutral.auto_augment, neutral.reprob, neutral.warmup_epochs,
+            neutral.clip_grad, neutral.amp) == (0.0, 0.0, None, 0.0, 0, None, "none")
 
 
 def test_every_learning_rate_scales_with_the_total_batch():

@@ -1,7 +1,7 @@
 """Classification's settings: the engine's, plus timm's augmentation and evaluation preprocessing.
 
-The defaults are the release's ImageNet recipe for WeightFormer-T (the authors' ``config.py`` and
-``cfg/wfm_t.yaml``, trained there on 8 GPUs x 256 images); a run's recipe sets the rest for its data.
+The defaults are neutral (no augmentation beyond flips and timm's random resized crops); the recipes in
+``configs/classification/`` set the values that matter, the release's ImageNet one included.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from ..engine.config import TrainConfig, setting
+from ..engine.config import setting
 from ..engine.errors import ConfigError
+from ..long_range import LongRangeConfig
 
 __all__ = ["ClassificationConfig"]
 
@@ -20,21 +21,18 @@ def _probability(value: float) -> bool:
 
 
 @dataclass
-class ClassificationConfig(TrainConfig):
+class ClassificationConfig(LongRangeConfig):
     """A classification run: any timm model on an ImageFolder tree or a built-in data set."""
 
     data: str = setting("mnist", help="an ImageFolder tree with train/ and val/ (class folders in each), or a "
                                       "built-in data set: mnist, glyph_match, glyph_count, path_link")
     model: str = setting("weightformer_tiny", help="any timm model name")
-    # Passed to timm.create_model, with timm's meanings: drop_rate is dropout before the classifier
-    # head, proj_drop_rate dropout inside each MLP (the release's DROP_RATE), drop_path_rate the
-    # stochastic depth of the last block. WeightFormer's defaults (all 0.0) are the release's T.
-    smoothing: float = 0.1
-    mixup: float = 0.8  # Beta alpha; 0 turns mixup off
-    cutmix: float = 1.0  # Beta alpha; 0 turns cutmix off
-    auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1"  # a timm RandAugment/AugMix/AutoAugment string
-    reprob: float = 0.25  # random erasing probability
-    color_jitter: float = 0.4  # timm applies it only without auto_augment (or with a "3a" policy)
+    smoothing: float = 0.0  # label smoothing
+    mixup: float = 0.0  # Beta alpha; 0 turns mixup off
+    cutmix: float = 0.0  # Beta alpha; 0 turns cutmix off
+    auto_augment: Optional[str] = None  # a timm RandAugment/AugMix/AutoAugment string
+    reprob: float = 0.0  # random erasing probability
+    color_jitter: float = 0.0  # timm applies it only without auto_augment (or with a "3a" policy)
     train_scale: tuple[float, float] = (0.08, 1.0)  # RandomResizedCrop area range
     interpolation: str = "bicubic"
     crop_pct: float = 0.875  # eval: resize to img_size / crop_pct, centre-crop img_size
@@ -52,15 +50,9 @@ class ClassificationConfig(TrainConfig):
     )
 
     def check(self) -> None:
-        # timm (and torch) here, not at the top: the command line reads this class without them
-        from timm.data.transforms import _str_to_torch_interpolation
-
-        from ..models.names import unknown_timm_model
+        from timm.data.transforms import _str_to_torch_interpolation  # timm: here, the command line reads this class
 
         super().check()
-        problem = unknown_timm_model(self.model)
-        if problem:
-            raise ConfigError(problem)
         interpolations = tuple(_str_to_torch_interpolation)  # what timm's train and eval transforms both accept
         if self.interpolation not in interpolations:
             raise ConfigError(f"interpolation must be one of {', '.join(interpolations)}, got {self.interpolation!r}")

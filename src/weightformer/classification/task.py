@@ -3,10 +3,9 @@ Mixup/CutMix with smoothed cross-entropy, top-1/top-5 evaluation (commands: :mod
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..checkpoint import CheckpointError
-from ..engine.recipes import Recipe
 from ..engine.task import Task, TaskData
 from . import recipes
 from .cli import CLI
@@ -35,10 +34,6 @@ class ClassificationTask(Task):
     cli = CLI
 
     cfg: ClassificationConfig
-
-    @classmethod
-    def recipes(cls) -> Sequence[Recipe]:
-        return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
 
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> nn.Module:

@@ -36,7 +36,7 @@ class BuiltinNameWarning(UserWarning):
 
 @dataclass(frozen=True)
 class BuiltinSpec:
-    """What a bundled data set is, and the training defaults that suit its images."""
+    """What a bundled data set is (its recipe is the task's: ``configs/<task>/``)."""
 
     file: str  # the bundled .npz; empty for a generated data set
     num_classes: int
@@ -44,25 +44,12 @@ class BuiltinSpec:
     img_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    # Training defaults for this data set, applied under the user's config file and flags.
-    defaults: dict[str, Any] = field(default_factory=dict)
     # A generated data set: its generator's name in PROBES and options (size, train, val, seed).
     probe: str = ""
     options: dict[str, int] = field(default_factory=dict)
 
 
 PROBE_OPTIONS = {"size": 64, "train": 4000, "val": 1000, "seed": 0}
-
-
-def _probe_defaults(size: int) -> dict[str, Any]:
-    """The probes' recipe: a 4-block, 64-d WeightFormer at patch 4, 12 epochs, no augmentation."""
-    return {
-        "model": "weightformer_tiny",
-        "model_kwargs": {"patch_size": 4, "embed_dim": 64, "depth": 4, "drop_path_rate": 0.0},
-        "img_size": size, "epochs": 12, "batch_size": 128, "lr": 4e-3, "warmup_epochs": 1, "min_lr": 4e-5, "warmup_lr": 4e-6,
-        "no_aug": True, "hflip": 0.0, "color_jitter": 0.0, "auto_augment": None, "mixup": 0.0, "cutmix": 0.0, "reprob": 0.0,
-        "smoothing": 0.0, "crop_pct": 1.0, "interpolation": "bilinear", "ema": False, "workers": 0,
-    }
 
 
 def probe_spec(name: str) -> BuiltinSpec:
@@ -89,7 +76,7 @@ def probe_spec(name: str) -> BuiltinSpec:
     except ValueError as exc:
         raise DataError(f"{name!r}: {exc}") from None
     return BuiltinSpec(file="", num_classes=PROBES[probe][1], in_chans=1, img_size=options["size"], mean=(0.05,),
-                       std=(0.2,), defaults=_probe_defaults(options["size"]), probe=probe, options=options)
+                       std=(0.2,), probe=probe, options=options)
 
 
 class _BuiltinRegistry(dict):
@@ -118,33 +105,6 @@ BUILTIN_DATASETS: dict[str, BuiltinSpec] = _BuiltinRegistry({
         img_size=28,
         mean=(0.1307,),
         std=(0.3081,),
-        # 28 px digits: 4 px patches give a 7x7 token grid, and a narrow, shallow WeightFormer (one
-        # of its four blocks dynamic) passes 98% on the held-out digits in 4 to 7 CPU minutes.
-        # Mild random resized crops fight over-fitting the 8,000 images; flips (digits are not
-        # symmetric), RandAugment, Mixup/CutMix and erasing only slow a short run down.
-        defaults={
-            "model": "weightformer_tiny",
-            "model_kwargs": {"patch_size": 4, "embed_dim": 96, "depth": 4, "drop_path_rate": 0.0},
-            "img_size": 28,
-            "epochs": 15,
-            "batch_size": 128,
-            "lr": 8e-3,
-            "warmup_epochs": 1,
-            "min_lr": 4e-5,  # like lr, per total batch of 512: 1e-5 at batch 128
-            "warmup_lr": 4e-6,  # 1e-6 at batch 128
-            "train_scale": (0.8, 1.0),
-            "hflip": 0.0,
-            "color_jitter": 0.0,
-            "auto_augment": None,
-            "mixup": 0.0,
-            "cutmix": 0.0,
-            "reprob": 0.0,
-            "smoothing": 0.1,
-            "crop_pct": 1.0,
-            "interpolation": "bilinear",
-            "ema": False,
-            "workers": 0,  # in memory, and cropping a 28 px image costs little next to the model
-        },
     ),
 })
 

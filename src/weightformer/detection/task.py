@@ -3,8 +3,8 @@
 pyramid, COCO box and mask AP (commands: :mod:`.cli`). :func:`build_detector` rebuilds a model from a
 checkpoint's ``meta``.
 
-``model_kwargs`` feeds two builders: ``conv_dim``, ``fc_dim`` and torchvision's ``rpn_*``, ``box_*``
-and ``bbox_*`` options go to :func:`build_maskrcnn`, every other key to the timm backbone.
+``model_kwargs`` go to the timm backbone, ``detector_kwargs`` (``conv_dim``, ``fc_dim`` and torchvision's
+``rpn_*``, ``box_*`` and ``bbox_*`` options) to :func:`build_maskrcnn`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.task import Task, TaskData
 from . import synthetic
 from .cli import CLI
-from .config import DetectionConfig
+from .config import LEGACY_FALLBACK_PROTOCOL, DetectionConfig, split_model_kwargs
 
 if TYPE_CHECKING:  # imported where they run: the command line needs none of them
     import torch
@@ -31,13 +31,11 @@ if TYPE_CHECKING:  # imported where they run: the command line needs none of the
     from ..engine.distributed import DistInfo
     from .data import CocoDetection, Target
 
-__all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "split_model_kwargs",
-           "training_loss"]
+__all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "training_loss"]
 
 DEFAULT_IMG_SIZE = 1024  # ViTDet's: LSJ crops of 1024², and the model's min and max size
 LSJ_SCALES = (0.1, 2.0)  # ViTDet's large-scale jitter range
 BACKBONE_PATH = "backbone.backbone"  # the timm model inside the detector (Mask R-CNN -> SimpleFeaturePyramid)
-_DETECTOR_PREFIXES = ("rpn_", "box_", "bbox_")
 
 
 def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
@@ -53,12 +51,6 @@ def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
     return sum(losses.values()), {k: v.detach() for k, v in losses.items()}
 
 
-def split_model_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(backbone kwargs, detector kwargs)``: see the module docstring."""
-    detector = {k: v for k, v in kwargs.items() if k in ("conv_dim", "fc_dim") or k.startswith(_DETECTOR_PREFIXES)}
-    return {k: v for k, v in kwargs.items() if k not in detector}, detector
-
-
 def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
     protocol, size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
@@ -66,10 +58,11 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
     from .model import build_maskrcnn, detection_pyramid
 
     conv_dim = inspect.signature(build_maskrcnn).parameters["conv_dim"].default
-    backbone_kwargs, detector_kwargs = split_model_kwargs(meta["model_kwargs"])
+    backbone_kwargs, extra = split_model_kwargs(meta["model_kwargs"])  # detector keys passed as --model-kwargs
+    detector_kwargs = {**meta.get("detector_kwargs", {}), **extra}
     protocol = meta["protocol"]
     what = f"a {'cascade ' if meta['cascade'] else ''}Mask R-CNN on {meta['model']}"
-    with model_arguments_checked(what, meta["model_kwargs"]):
+    with model_arguments_checked(what, {**backbone_kwargs, **detector_kwargs}):
         backbone = build_backbone(meta["model"], **backbone_kwargs)
         pyramid = detection_pyramid(backbone, detector_kwargs.get("conv_dim", conv_dim), protocol)
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], protocol=protocol,
@@ -109,12 +102,18 @@ class DetectionTask(Task):
 
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
-        """Format 0 may name no protocol: such runs were trained as the ``torchvision`` protocol builds them."""
+        """Format 0 may name no protocol (such runs trained as the ``torchvision`` protocol builds them) and
+        keeps the detector's settings inside ``model_kwargs``."""
         from ..engine.weights import with_missing
         from ..models.weightformer_long_range import name_unversioned_predictor
 
-        return name_unversioned_predictor(with_missing(checkpoint, {"protocol": "torchvision"},
-                                                       {"det_protocol": "torchvision"}))
+        checkpoint = name_unversioned_predictor(with_missing(checkpoint, {"protocol": LEGACY_FALLBACK_PROTOCOL},
+                                                             {"det_protocol": LEGACY_FALLBACK_PROTOCOL}))
+        meta = checkpoint["meta"]
+        if "detector_kwargs" not in meta:
+            backbone, detector = split_model_kwargs(meta.get("model_kwargs") or {})
+            checkpoint["meta"] = {**meta, "model_kwargs": backbone, "detector_kwargs": detector}
+        return checkpoint
 
     def __init__(self, cfg: DetectionConfig):
         super().__init__(cfg)
@@ -156,7 +155,8 @@ class DetectionTask(Task):
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
         cfg = self.cfg
         meta = {
-            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), **data.meta,
+            "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
+            "detector_kwargs": dict(cfg.detector_kwargs), **data.meta,
             "cascade": cfg.cascade, "protocol": cfg.det_protocol, "img_size": self.img_size,
             "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
             "data": cfg.data if cfg.data == synthetic.SHAPES_NAME else str(Path(cfg.data).expanduser().resolve()),

@@ -7,8 +7,9 @@ flag and rule beside it: :func:`setting` declares a field, ``RULES`` lists what 
 and :meth:`TrainConfig.check` is the hook for checks that span fields or need a library.
 
 Resolution order, later wins (:func:`resolve_config`): the dataclass defaults, the task's recipe for
-the data (or, when resuming, the run's own saved config instead), the ``--config`` YAML file, then
-the flags. Every value is then checked: a bad one is a one-line :class:`ConfigError`.
+the data (a YAML file under ``configs/<task>/``, or, when resuming, the run's own saved config), the
+``--config`` YAML file, then the flags. Every value is then checked: a bad one is a one-line
+:class:`ConfigError`. A YAML file may inherit from others with a ``_base_`` key (:func:`read_yaml_tree`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import yaml
 from .errors import ConfigError
 
 __all__ = [
-    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer", "config_fields", "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "resolve_config",
+    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer", "config_fields",
+    "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "read_yaml_tree", "resolve_config",
     "scaled_learning_rates", "setting", "validate_config",
 ]
 
@@ -54,35 +56,33 @@ def _probability(value: float) -> bool:
 
 @dataclass
 class TrainConfig:
-    """The settings every run has, whatever its task. Defaults are neutral; a task's recipe for its data
-    sets the values that matter (see the task's ``recipes``)."""
+    """The settings every run has, whatever its task. The defaults are neutral, what a run gets with no
+    recipe (a plain AdamW cosine schedule without warm-up, clipping or augmentation beyond flips); the
+    task's recipe file for the data (``configs/<task>/``) sets the values that matter."""
 
     # data
     data: str = setting("", help="the data: a folder in the task's layout, or a built-in data set")
     img_size: Optional[int] = setting(None, help="training and evaluation resolution in pixels "
                                                  "(default: the recipe's, else the data set's)")
-    workers: int = setting(8, help="data-loading processes per training process")
+    workers: int = setting(4, help="data-loading processes per training process")
     verify_images: bool = True  # open every image once at start-up and skip unreadable ones
     hflip: float = setting(0.5, help="probability of a horizontal flip in training")
     no_aug: bool = False  # train on the evaluation transform (only flips, where the task uses them)
     # model
-    model: str = setting("weightformer_tiny", help="the model (a timm name for the backbone tasks)")
+    model: str = setting("", help="the model (a timm name for the backbone tasks)")
     # Keyword arguments of the model builder (timm.create_model's, for the backbone tasks).
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    long_range: bool = setting(False, help="use the long-range design of --model (the double_centered predictor in every "
-                                           "block, docs/analysis.md), keeping the recipe's model settings: "
-                                           "weightformer_tiny becomes weightformer_long_range_tiny")
     # optimisation
-    epochs: int = setting(300, help="length of the schedule in epochs")
+    epochs: int = setting(100, help="length of the schedule in epochs")
     max_steps: Optional[int] = setting(None, help="stop after this many optimizer steps; the schedule is unchanged "
                                                   "(smoke tests)")
-    batch_size: int = setting(256, help="samples per step and process; capped at the samples a process sees")
+    batch_size: int = setting(64, help="samples per step and process; capped at the samples a process sees")
     # The three learning rates are for a total batch of 512; the run scales each of them linearly,
     # to value * batch_size * world_size / 512 (see scaled_learning_rates), as the release does.
-    lr: float = setting(5e-4, help="learning rate for a total batch of 512, scaled linearly to the real one")
-    min_lr: float = 5e-6  # the schedule's final value
-    warmup_lr: float = 5e-7  # the value the linear warm-up starts from
-    warmup_epochs: float = setting(20, help="epochs of linear warm-up (fractions allowed)")
+    lr: float = setting(1e-3, help="learning rate for a total batch of 512, scaled linearly to the real one")
+    min_lr: float = 0.0  # the schedule's final value
+    warmup_lr: float = 0.0  # the value the linear warm-up starts from
+    warmup_epochs: float = setting(0, help="epochs of linear warm-up (fractions allowed)")
     sched: str = "cosine"  # cosine; multistep (x decay_rate at each of decay_milestones); poly (power decay_rate)
     decay_milestones: tuple[float, ...] = ()  # multistep: the epochs (fractions allowed) of each decay
     decay_rate: float = 0.1  # multistep: the factor of each decay; poly: the power (timm's meanings)
@@ -90,9 +90,9 @@ class TrainConfig:
     layer_decay: Optional[float] = setting(None, help="layer-wise learning-rate decay of the backbone's blocks, "
                                                       "e.g. 0.75")
     opt: str = "adamw"  # any name in timm.optim.list_optimizers(), optionally lookahead_<name>
-    clip_grad: Optional[float] = 5.0  # max gradient norm; None disables clipping
+    clip_grad: Optional[float] = None  # max gradient norm; None disables clipping
     ema: bool = setting(False, help="keep an EMA of the weights")
-    ema_decay: float = 0.99996
+    ema_decay: float = 0.9999
     # systems
     amp: str = setting("none", help="mixed precision (fp16 needs a GPU)", choices=("none", "bf16", "fp16"))
     compile: bool = setting(False, help="torch.compile the model")
@@ -112,35 +112,22 @@ class TrainConfig:
     log_interval: int = setting(50, help="steps between log lines when not on a terminal")
 
     @classmethod
-    def long_range_model(cls, model: str) -> Optional[str]:
-        """The long-range design of ``model`` (``model`` itself when it is one), or None when it has none.
-        A task whose models are not timm backbones overrides this."""
-        from ..models.names import long_range_design
-
-        return long_range_design(model)
+    def same_model(cls, base: str, other: str) -> bool:
+        """Whether settings chosen for model ``base`` (a recipe's ``model_kwargs``) fit model ``other``;
+        a task whose models come in designs of one architecture extends it."""
+        return base == other
 
     @classmethod
-    def long_range_predictor(cls, model: str) -> Optional[str]:
-        """The linear predictor ``model`` uses when it is a long-range design (today's default of
-        ``LONG_RANGE_ARGS``), else None."""
-        if cls.long_range_model(model) != model:
-            return None
-        from ..models.weightformer_long_range import LONG_RANGE_ARGS
-
-        return LONG_RANGE_ARGS["linear_predictor"]
-
-    @classmethod
-    def long_range_hint(cls) -> str:
-        """The models that have a long-range design, for an error message."""
-        from ..models.names import LONG_RANGE_DESIGNS
-
-        return " or ".join(LONG_RANGE_DESIGNS)
+    def finish(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The task's own rules applied to the merged settings before they are checked (a flag that
+        renames the model, say); the engine applies none."""
+        return values
 
     # (setting, test of a value of the right type, what the value must be), checked in this order.
     # A subclass lists its own fields' rules in its own RULES; every class's rules apply.
     RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
         ("data", bool, "a data folder or a built-in data set (--data PATH)"),
-        ("model", bool, "a model name such as weightformer_tiny"),
+        ("model", bool, "a model name (--model NAME)"),
         ("img_size", lambda v: v is None or v >= 1, "a positive number of pixels, or null for the recipe's size"),
         ("workers", lambda v: v >= 0, "0 (load in the training process) or more"),
         ("hflip", _probability, "a probability in [0, 1]"),
@@ -157,7 +144,7 @@ class TrainConfig:
         ("weight_decay", lambda v: v >= 0, "0 (none) or more"),
         ("layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1], such as 0.75, or null for none"),
         ("clip_grad", lambda v: v is None or v > 0, "a positive gradient norm, or null for no clipping"),
-        ("ema_decay", lambda v: 0 < v < 1, "in (0, 1), such as 0.99996"),
+        ("ema_decay", lambda v: 0 < v < 1, "in (0, 1), such as 0.9999"),
         ("amp", lambda v: v in ("none", "bf16", "fp16"), "none, bf16 or fp16"),
         ("device", lambda v: v in ("auto", "cuda", "cpu"), "auto, cuda or cpu"),
         ("seed", lambda v: 0 <= v <= 2**32 - 1, "in [0, 2**32 - 1]"),
@@ -191,12 +178,8 @@ NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
 
 
 def scaled_learning_rates(cfg: TrainConfig, world_batch: int) -> dict[str, float]:
-    """The run's learning rates for a total batch of ``world_batch`` samples per step.
-
-    ``cfg.lr``, ``cfg.min_lr`` and ``cfg.warmup_lr`` are for a total batch of 512; each is scaled by
-    ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR. Returns
-    ``{"lr": ..., "min_lr": ..., "warmup_lr": ...}``.
-    """
+    """``{"lr", "min_lr", "warmup_lr"}`` for a total batch of ``world_batch``: each of ``cfg``'s, given for
+    512, times ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR."""
     scale = world_batch / REFERENCE_BATCH
     return {name: getattr(cfg, name) * scale for name in ("lr", "min_lr", "warmup_lr")}
 
@@ -295,23 +278,62 @@ def yaml_reason(exc: yaml.YAMLError) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]] = None) -> dict[str, Any]:
-    """Read a YAML mapping of settings (of ``config_class``'s fields, when given)."""
-    path = Path(path)
+def _read_mapping(path: Path, role: str) -> dict[str, Any]:
+    """The mapping in YAML file ``path`` (``role`` names it in errors: "config file", "_base_ of ...")."""
     if path.is_dir():
-        raise ConfigError(f"config file {path} is a folder; pass a YAML file, e.g. --config {path / 'run.yaml'}")
+        raise ConfigError(f"{role} {path} is a folder; pass a YAML file, e.g. --config {path / 'run.yaml'}")
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; check the --config path")
+        raise ConfigError(f"{role} {path} does not exist; check the path")
     try:
-        text = path.read_text(encoding="utf-8")
+        values = load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not a text file (not UTF-8); pass a YAML file of settings") from exc
-    try:
-        values = load_yaml(text) or {}
+        raise ConfigError(f"{role} {path} is not a text file (not UTF-8); pass a YAML file of settings") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML ({yaml_reason(exc)})") from exc
+        raise ConfigError(f"{role} {path} is not valid YAML ({yaml_reason(exc)})") from exc
     if not isinstance(values, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of settings, got {type(values).__name__}")
+        raise ConfigError(f"{role} {path} must hold a mapping of settings, got {type(values).__name__}")
+    return values
+
+
+def _merged(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on ``under``: mappings merge key by key (one holding ``_delete_: true`` replaces instead),
+    anything else (lists too) is replaced."""
+    out = dict(under)
+    for key, value in over.items():
+        if isinstance(value, dict):
+            keep = isinstance(out.get(key), dict) and not value.get("_delete_")
+            value = _merged(out[key] if keep else {}, {k: v for k, v in value.items() if k != "_delete_"})
+        out[key] = value
+    return out
+
+
+def read_yaml_tree(path: str | Path, role: str = "config file", _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping in YAML file ``path`` over those of its ``_base_`` files (mmdetection's rules: a path
+    relative to the file, or a list of them, later ones over earlier ones; bases may have bases;
+    mappings merge, except one with ``_delete_: true``).
+    A base's ``recipe`` key (a recipe file's name and summary) is not inherited."""
+    path = Path(path).expanduser()
+    if path.resolve() in _seen:
+        cycle = " -> ".join(p.name for p in (*_seen, path.resolve()))
+        raise ConfigError(f"{role} {path}: _base_ files inherit in a cycle ({cycle}); remove one _base_")
+    values = _read_mapping(path, role)
+    bases = values.pop("_base_", [])
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ConfigError(f"{role} {path}: _base_ must be a file name or a list of them, got {bases!r}")
+    merged: dict[str, Any] = {}
+    for base in bases:
+        inherited = read_yaml_tree(path.parent / base, f"_base_ of {path}", (*_seen, path.resolve()))
+        inherited.pop("recipe", None)
+        merged = _merged(merged, inherited)
+    return _merged(merged, values)
+
+
+def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]] = None) -> dict[str, Any]:
+    """The settings in YAML file ``path``, over its ``_base_`` files (:func:`read_yaml_tree`), without
+    a recipe file's ``recipe`` name and summary; each a field of ``config_class``, when given."""
+    values = read_yaml_tree(path)
+    values.pop("recipe", None)
     if config_class is not None:
         check_keys(config_class, values, str(path))
     return values
@@ -321,11 +343,8 @@ _FLAG_EXAMPLES = {"--set": "weight_decay=0.1"}
 
 
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:
-    """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML values).
-
-    ``flag`` is the command-line option the items came from (``--model-kwargs``, ``--set``), named in
-    the error messages.
-    """
+    """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML
+    values); ``flag``, the option they came from (``--model-kwargs``, ``--set``), is named in errors."""
     example = f"{flag} {_FLAG_EXAMPLES.get(flag, 'patch_size=4')}"
     kwargs: dict[str, Any] = {}
     for item in items:
@@ -335,9 +354,8 @@ def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[s
         try:
             kwargs[key.strip()] = load_yaml(raw)
         except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"{flag} {item!r}: the value is not valid YAML ({yaml_reason(exc)}); write e.g. {example}"
-            ) from exc
+            raise ConfigError(f"{flag} {item!r}: the value is not valid YAML ({yaml_reason(exc)}); "
+                              f"write e.g. {example}") from exc
     return kwargs
 
 
@@ -347,45 +365,28 @@ def resolve_config(
     layers: tuple[Mapping[str, Any], ...] = (),
 ) -> TrainConfig:
     """``config_class``'s defaults, then ``base`` (a recipe's values, or a resumed run's saved config),
-    then each of ``layers`` (a config file's values, then the flags), checked.
+    then each of ``layers`` (a config file's values, then the flags), then the task's
+    :meth:`TrainConfig.finish`, checked.
 
-    ``model_kwargs`` mappings are merged key by key rather than replaced, except that a layer naming
-    another ``model`` than ``base`` drops ``base``'s kwargs (they were chosen for its model); the long-range
-    design of ``base``'s model is not another model. ``long_range`` then replaces the model by its
-    long-range design (:meth:`TrainConfig.long_range_model`). Keys of ``base`` that are not fields of
-    ``config_class`` are left out (a checkpoint written by an older version); keys of ``layers`` must be
-    fields.
+    Mappings (``model_kwargs``, ...) are merged key by key rather than replaced, except that a layer naming
+    a model that ``base``'s settings do not fit (:meth:`TrainConfig.same_model`) drops ``base``'s ``model_kwargs``.
+    Keys of ``base`` that are not fields of ``config_class`` are left out (a checkpoint written by an
+    older version); keys of ``layers`` must be fields.
     """
     fields = config_fields(config_class)
     base = {k: v for k, v in (base or {}).items() if k in fields}
     checked = [{k: _check_value(config_class, k, v) for k, v in layer.items()}
                for layer in (base, *layers)]
-    # Another architecture than the base's: the base's kwargs were chosen for its model, drop them.
-    if "model" in checked[0]:
-        same = {checked[0]["model"], config_class.long_range_model(checked[0]["model"])}
-        other_model = any("model" in layer and layer["model"] not in same for layer in checked[1:])
-    else:
-        other_model = False
-    values: dict[str, Any] = {}
-    model_kwargs: dict[str, Any] = {}
-    for layer in checked[1:] if other_model else checked:
-        model_kwargs.update(layer.get("model_kwargs", {}))
-    for layer in checked:
-        values.update({k: v for k, v in layer.items() if k != "model_kwargs"})
-    values["model_kwargs"] = model_kwargs
-    model = values.get("model", config_fields(config_class)["model"].default)
-    if values.get("long_range"):
-        values["model"] = config_class.long_range_model(model)
-        if values["model"] is None:
-            raise ConfigError(f"--long-range: model {model!r} has no long-range design; use it with "
-                              f"{config_class.long_range_hint()}, or name a model without --long-range")
-        model = values["model"]
-    predictor = config_class.long_range_predictor(model)
-    if predictor is not None:
-        # A long-range design: its predictor is written into the run's settings (and so into its checkpoints),
-        # so the run rebuilds as it trained even if the design's default predictor changes again.
-        values["model_kwargs"] = {"linear_predictor": predictor, **model_kwargs}
-    return validate_config(config_class(**values))
+    base_model = checked[0].get("model")
+    other_model = base_model is not None and any(
+        "model" in layer and not config_class.same_model(base_model, layer["model"]) for layer in checked[1:])
+    values: dict[str, Any] = {"model_kwargs": {}}
+    for index, layer in enumerate(checked):
+        for key, value in layer.items():
+            if key == "model_kwargs" and index == 0 and other_model:
+                continue
+            values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
+    return validate_config(config_class(**config_class.finish(values)))
 
 
 def validate_config(cfg: TrainConfig) -> TrainConfig:
@@ -413,10 +414,8 @@ def _check_opt(opt: str) -> None:
     if base not in names:
         close = difflib.get_close_matches(base, names, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ConfigError(
-            f"opt {opt!r} is not a timm optimizer; {hint}choose one of timm.optim.list_optimizers(), "
-            f"optionally prefixed lookahead_: {', '.join(names)}"
-        )
+        raise ConfigError(f"opt {opt!r} is not a timm optimizer; {hint}choose one of timm.optim.list_optimizers(), "
+                          f"optionally prefixed lookahead_: {', '.join(names)}")
     try:
         get_optimizer_class(base)
     except (ImportError, AssertionError) as exc:  # apex/bitsandbytes missing, or no CUDA for them

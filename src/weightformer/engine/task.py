@@ -58,7 +58,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     config_class: ClassVar[type[TrainConfig]] = TrainConfig
-    recipes_module: ClassVar[str]  # import path of the module with the task's RECIPES and choose_recipe
+    recipes_module: ClassVar[str]  # import path of the module with the task's recipes() and choose_recipe()
     output_prefix: ClassVar[str] = ""  # default run folder: runs/<prefix><data>_<model>
     best_metric: ClassVar[str]
     higher_is_better: ClassVar[bool] = True
@@ -72,7 +72,7 @@ class Task(ABC):
     @classmethod
     def recipes(cls) -> Sequence[Recipe]:
         """Every recipe of the task, the one a plain ``train`` uses first (shown in ``--help``)."""
-        return import_module(cls.recipes_module).RECIPES
+        return import_module(cls.recipes_module).recipes()
 
     @classmethod
     def choose_recipe(cls, data: str, settings: Mapping[str, Any]) -> RecipeChoice:

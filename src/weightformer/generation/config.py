@@ -1,28 +1,23 @@
 """Generation's settings: the engine's, plus the latent space (``--vae``) and the loss weighting
-(``--min-snr-gamma``), with the model checked against the diffusion variants.
-
-The values that matter come from the recipe chosen for the data (:mod:`.recipes`); the defaults
-here are DiT's model on the bundled MNIST, what a config built by hand starts from.
+(``--min-snr-gamma``), with the model checked against the diffusion variants. The values that matter
+come from the recipe chosen for the data (``configs/generation/``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from ..engine.config import TrainConfig, setting
 from ..engine.errors import ConfigError
+from ..long_range import LongRangeConfig
+from .choices import GUIDANCE_MODES, SAMPLERS  # gen sample's, read with these settings by its command line
 
 __all__ = ["GUIDANCE_MODES", "SAMPLERS", "GenerationConfig"]
 
-# The choices of ``gen sample``, here (no torch) for its command line: how classifier-free guidance
-# combines the two noise predictions (WeightFormerDiT.forward_with_cfg), and the samplers of .sampling.
-GUIDANCE_MODES = ("release", "standard")
-SAMPLERS = ("ddpm", "ddim")
-
 
 @dataclass
-class GenerationConfig(TrainConfig):
+class GenerationConfig(LongRangeConfig):
     """A class-conditional diffusion run: a WeightFormer-DiT (or DiT) on the bundled MNIST or an ImageFolder tree."""
 
     data: str = setting("mnist", help="mnist (bundled) or an ImageFolder tree with train/ and val/ (a folder per "
@@ -51,20 +46,17 @@ class GenerationConfig(TrainConfig):
                                                         "weighting"),
     )
 
-    @classmethod
-    def long_range_model(cls, model: str) -> Optional[str]:
-        from ..models.names import long_range_design
-        from .variants import LONG_RANGE_VARIANTS
-
-        return long_range_design(model, LONG_RANGE_VARIANTS)
+    LONG_RANGE_HINT: ClassVar[str] = "a WeightFormer-DiT (wf_dit_{s,b,l,xl}_{2,4,8})"
 
     @classmethod
-    def long_range_hint(cls) -> str:
-        return "a WeightFormer-DiT (wf_dit_{s,b,l,xl}_{2,4,8})"
+    def long_range_designs(cls) -> Mapping[str, str]:
+        from .variants import LONG_RANGE_VARIANTS  # the models: torch
+
+        return LONG_RANGE_VARIANTS
 
     def check(self) -> None:
         from .variants import DIT_VARIANTS  # imports the models (torch, diffusers): the command line reads this class
 
-        super().check()
         if self.model not in DIT_VARIANTS:
             raise ConfigError(f"model {self.model!r} is not a diffusion model; choose one of {', '.join(DIT_VARIANTS)}")
+        super().check()

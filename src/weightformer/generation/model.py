@@ -36,7 +36,7 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..models.weightformer import is_dynamic_block
-from .config import GUIDANCE_MODES
+from .choices import GUIDANCE_MODES
 
 __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
 

@@ -4,14 +4,13 @@ variant, DiT's hybrid loss, and the validation loss at fixed noise (commands: :m
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import CheckpointError
 from ..engine.device import autocast
 from ..engine.errors import ConfigError, model_arguments_checked
-from ..engine.recipes import Recipe
 from ..engine.task import Task, TaskData
 from . import recipes
 from .cli import CLI
@@ -45,10 +44,6 @@ class GenerationTask(Task):
     cli = CLI
 
     cfg: GenerationConfig
-
-    @classmethod
-    def recipes(cls) -> Sequence[Recipe]:
-        return (recipes.offline_recipe("mnist"), *recipes.RECIPES)
 
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> WeightFormerDiT:

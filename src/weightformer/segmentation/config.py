@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from ..engine.config import TrainConfig, setting
+from ..engine.config import setting
 from ..engine.errors import ConfigError
+from ..long_range import LongRangeConfig
 from .synthetic import SHAPES_NAME
 
 IGNORE_INDEX = 255  # the label that no loss or metric counts (mmseg's); defined here, torch-free, for the CLI
@@ -24,7 +25,7 @@ PROTOCOLS = ("vim", "simple-pyramid")
 
 
 @dataclass
-class SegmentationConfig(TrainConfig):
+class SegmentationConfig(LongRangeConfig):
     """A segmentation run: an UperNet on a timm backbone, on ADE20K-layout data or the offline shapes set."""
 
     data: str = setting(SHAPES_NAME, help="ADE20K's ADEChallengeData2016 (or the folder it was unpacked in), any "
@@ -57,12 +58,7 @@ class SegmentationConfig(TrainConfig):
     )
 
     def check(self) -> None:
-        from ..models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
-
         super().check()
-        problem = unknown_timm_model(self.model)
-        if problem:
-            raise ConfigError(problem)
         check_windows(self.seg_inference, self.seg_crop, self.seg_stride)
 
 
