@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from weightformer.bench import cli as bench_cli
-from weightformer.bench import report
+from weightformer.bench import sweep
 from weightformer.bench.sweep import Sweep, SweepConfig
 from weightformer.cli import main
 
@@ -173,10 +173,10 @@ def test_results_are_printed_before_they_are_written(tmp_path, capsys, monkeypat
     def disk_full(result, out):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "write_all", disk_full)  # the CLI imports it when the sweep has run
-    with pytest.raises(OSError):
-        main(["bench", "--models", "wf-t", "--resolutions", "32", "--device", "cpu", "--out", str(tmp_path)])
-    assert "| WeightFormer-T |" in capsys.readouterr().out
+    monkeypatch.setattr(sweep, "write_all", disk_full)
+    assert main(["bench", "--models", "wf-t", "--resolutions", "32", "--device", "cpu", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "| WeightFormer-T |" in out and "No space left on device" in err
 
 
 def test_sigterm_stops_the_sweep_with_143_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
@@ -232,7 +232,7 @@ def test_gpu_script_without_cuda_is_an_error_on_stderr(capsys):
 # every number flag is finite and in range; --device cuda without a GPU is one line.
 # -------------------------------------------------------------------------------------------------
 from weightformer.bench import dense, dit  # noqa: E402
-from weightformer.bench.machine import machine_info  # noqa: E402
+from weightformer.bench.results import machine_info  # noqa: E402
 
 # command -> (argv before the flags, the files it writes, its default folder under benchmarks/results, tiny flags)
 BENCH = {
@@ -281,8 +281,7 @@ def _bench(command: str, *argv: str) -> list:
 @pytest.mark.parametrize("command", list(BENCH))
 def test_the_default_out_holding_earlier_results_is_refused_before_the_work(command, held, tmp_path, monkeypatch,
                                                                             capsys):
-    """Issue 18, lost files: `bench dense` and `bench dit` replaced the committed results folder (their
-    default --out); the sweep too, and it dropped an earlier points.jsonl without --resume."""
+    """The default --out holds the committed results: every bench command refuses to replace them unasked."""
     _, names, default, _ = BENCH[command]
     monkeypatch.chdir(tmp_path)
     _no_work(monkeypatch, command)
@@ -332,7 +331,6 @@ def test_an_out_holding_none_of_the_commands_files_is_used_as_it_is(command, tmp
 @pytest.mark.parametrize("where", ["proc", "file", "below-a-file", "output-is-a-folder"])
 @pytest.mark.parametrize("command", list(BENCH))
 def test_an_unusable_out_is_one_line_before_the_work(command, where, tmp_path, monkeypatch, capsys):
-    """Issue 18, tracebacks: `bench dit --out /proc/x` was checked only after the work (and then a traceback)."""
     _, names, _, _ = BENCH[command]
     a_file = tmp_path / "results.txt"
     a_file.write_text("not a folder")
@@ -357,7 +355,6 @@ def test_an_unusable_out_is_one_line_before_the_work(command, where, tmp_path, m
 ])
 def test_every_number_flag_refuses_non_finite_and_out_of_range_values(command, flag, value, tmp_path, monkeypatch,
                                                                        capsys):
-    """Issue 18, settings: `bench dit --max-seconds nan` was accepted, then every point was cut off."""
     _no_work(monkeypatch, command)
     err = _bench_error(capsys, *_bench(command, f"{flag}={value}", "--out", str(tmp_path / "out")))  # = for -inf
     assert flag in err and value in err
@@ -378,7 +375,6 @@ def test_dit_settings_that_cannot_be_compared_are_one_line(argv, message, tmp_pa
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 @pytest.mark.parametrize("command", list(BENCH))
 def test_cuda_without_a_gpu_is_one_line_in_every_bench_command(command, device, tmp_path, monkeypatch, capsys):
-    """Issue 18, tracebacks: `bench dit --device cuda` without a GPU (`bench dense` said it in one line)."""
     _no_work(monkeypatch, command)
     err = _bench_error(capsys, *_bench(command, "--device", device, "--out", str(tmp_path / "out")))
     assert err.startswith(f"error: --device {device}: no CUDA GPU is visible here")
@@ -386,7 +382,7 @@ def test_cuda_without_a_gpu_is_one_line_in_every_bench_command(command, device, 
 
 
 def test_auto_device_is_recorded_as_the_device_it_picked():
-    from weightformer.bench.options import check_device
+    from weightformer.bench.cli import check_device
 
     assert check_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert SweepConfig(models=["wf-t"], resolutions=[224], device="auto").device == check_device("auto")
