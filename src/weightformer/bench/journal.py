@@ -17,13 +17,15 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from ..engine.errors import ConfigError
+
 JOURNAL_NAME = "points.jsonl"
 FORMAT = "weightformer bench points, version 1"
 
 Key = Tuple[str, int, int, str]  # model, resolution, batch, measurement
 
 
-class JournalMismatch(ValueError):
+class JournalMismatch(ConfigError):
     """A journal to resume from was measured with other settings (or is not a journal at all)."""
 
 
