@@ -24,7 +24,8 @@ from typing import Dict, List, Optional
 import torch
 
 from weightformer.bench.memory import cuda_peak
-from weightformer.bench.results import OutputError, check_out_dir, describe, machine_info
+from weightformer.engine.errors import ConfigError
+from weightformer.bench.results import check_out_dir, describe, machine_info
 from weightformer.bench.subjects import INFER, get_subject, make_call
 from weightformer.bench.timing import iterations_for, median, time_call
 
@@ -144,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         check_out_dir(args.out_dir, names=[], flag="--out-dir")  # before the measurements, not after them
-    except OutputError as error:
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     machine = machine_info(args.device)

@@ -21,7 +21,7 @@ import torch
 
 from weightformer.bench.flops import count_flops
 from weightformer.bench.memory import measure
-from weightformer.bench.results import OutputError, check_out_dir, describe, machine_info
+from weightformer.bench.results import check_out_dir, describe, machine_info
 from weightformer.bench.subjects import INFER, TRAIN, get_subject, prepare
 from weightformer.bench.timing import iterations_for, median, side_by_side, time_call
 
@@ -162,7 +162,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_out_dir(args.out.parent, names=[args.out.name], flag="--out")  # before the measurements, not after
         if args.sweep_results is not None:  # readable and holding the points, before the measurements
             inference_memory_from_results(json.loads(args.sweep_results.read_text()))
-    except (OutputError, OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)

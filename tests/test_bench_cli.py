@@ -216,7 +216,7 @@ def test_targets_script_checks_its_output_before_measuring(tmp_path, capsys, mon
     (tmp_path / "targets_cpu.json").mkdir()
     assert targets.main(["--out", str(tmp_path / "targets_cpu.json")]) == 2
     out, err = capsys.readouterr()
-    assert err.startswith("error: --out ") and "cannot be replaced by a file" in err and len(err.splitlines()) == 1
+    assert err.startswith("error: --out ") and "is a folder" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")

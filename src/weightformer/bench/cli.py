@@ -267,10 +267,10 @@ def run_sweep(args: argparse.Namespace, command: str) -> int:
 
     config = config_from_args(args)
     out = args.out or Path("benchmarks/results") / config.device.split(":")[0]
-    from .results import OutputError, claim_out_dir
+    from .results import claim_out_dir
 
     if args.resume and args.overwrite:
-        raise OutputError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
+        raise ConfigError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
     journal = Path(out) / JOURNAL_NAME
     hint = f" (--resume: there is no {JOURNAL_NAME} there to resume from)" if args.resume and not journal.exists() else ""
     claim_out_dir(out, (*SWEEP_FILES, JOURNAL_NAME), args.overwrite, "weightformer bench",

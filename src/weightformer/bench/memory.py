@@ -5,12 +5,11 @@ this process (:func:`cuda_peak`, also used by benchmarks/gpu.py), after a warm-u
 subject's small warm-up size.
 
 On CPU: the peak resident set, in a fresh subprocess per point so that earlier points' allocations
-cannot hide this one's. The worker builds the subject (and, for a cls training step, AdamW), runs the
-warm-up call (loading kernels; creating AdamW's state), frees the gradients, reads its resident set
-(the baseline), resets the kernel's high-water mark (``/proc/self/clear_refs``) and runs one call.
-``peak`` is the high-water mark (VmHWM); ``extra`` is peak minus baseline: activations, gradients,
-temporaries. glibc's mmap threshold is pinned at 128 KiB in the worker, so that freed tensors go back
-to the system and the resident set tracks live memory.
+cannot hide this one's. The worker builds the subject (and a cls step's AdamW), runs the warm-up call
+(kernels, AdamW's state), frees the gradients, reads its resident set (the baseline), resets the
+high-water mark (``/proc/self/clear_refs``) and runs one call: ``peak`` is VmHWM, ``extra`` peak minus
+baseline (activations, gradients, temporaries). glibc's mmap threshold is pinned at 128 KiB, so that
+freed tensors go back to the system and the resident set tracks live memory.
 
 Running out of memory is a measured outcome: it raises :class:`OutOfMemory` (or torch's own error),
 which :func:`is_oom` recognises, and the benchmark records the point as out of memory and goes on.

@@ -17,12 +17,12 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..engine.errors import ConfigError
 from ..engine.outputs import claim_outputs
+from ..engine.run_dir import check_writable_file, check_writable_folder
 from .journal import write_atomic
 
 
@@ -91,28 +91,15 @@ def provenance(info: Dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------- the folder
-class OutputError(ConfigError):
-    """The output folder cannot take the results (a file in its place, no permission, a read-only place,
-    or earlier results there that the command was not asked to move aside): a user's mistake, one line."""
-
-
 def check_out_dir(out_dir: Path, names: Sequence[str], flag: str = "--out") -> None:
-    """Make ``out_dir`` and check that files ``names`` can be written there; :class:`OutputError` if not."""
+    """Make ``out_dir`` and check that files ``names`` can be written there; ConfigError if not."""
     out_dir = Path(out_dir)
     for parent in (out_dir, *out_dir.parents):
         if parent.exists() and not parent.is_dir():
-            raise OutputError(f"{flag} {out_dir}: {parent} is a file, not a folder; give a folder path")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-check-"):
-            pass
-    except OSError as error:
-        raise OutputError(f"{flag} {out_dir}: cannot write there ({error.strerror or error}); "
-                          f"give a writable folder") from None
+            raise ConfigError(f"{flag} {out_dir}: {parent} is a file, not a folder; give a folder path")
+    check_writable_folder(out_dir, flag)
     for name in names:
-        path = out_dir / name
-        if path.exists() and (not path.is_file() or not os.access(path, os.W_OK)):
-            raise OutputError(f"{flag} {out_dir}: {path} exists and cannot be replaced by a file; move it away")
+        check_writable_file(out_dir / name, flag)
 
 
 def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command: str, keep: bool = False,
@@ -124,10 +111,7 @@ def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command:
     check_out_dir(out_dir, names)
     if keep:
         return []
-    try:
-        moved = claim_outputs([out_dir / name for name in names], overwrite, command, "--out", hint=hint)
-    except ConfigError as exc:
-        raise OutputError(str(exc)) from None
+    moved = claim_outputs([out_dir / name for name in names], overwrite, command, "--out", hint=hint)
     if moved:
         log(f"--overwrite: the earlier results moved aside ({', '.join(p.name for p in moved)}, in {out_dir})")
     return moved
