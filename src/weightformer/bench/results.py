@@ -1,12 +1,8 @@
-"""The results writer of every benchmark: the machine description each result file carries, the output
-folder rule, and the files themselves (JSON, Markdown, and CSV or a plot where a suite has them), each
-written whole to a temporary file beside it and renamed over the old one, so that a kill mid-write
-leaves the previous file, never half of one.
-
-The output rule (:func:`claim_out_dir`, the engine's :func:`~weightformer.engine.outputs.claim_outputs`
-for a folder of named files): an ``--out`` that holds one of a command's files is refused before the
-work unless ``--overwrite``, which moves them aside (``<name>.previous-<time>``), never deleting them.
-Other files in the folder are never touched.
+"""The results writer of every benchmark: the machine description each file carries, the output-folder
+rule, and the files (JSON, Markdown, CSV or a plot), each written atomically (a kill mid-write leaves the
+previous file). The rule (:func:`claim_out_dir`, the engine's ``claim_outputs``): an ``--out`` holding one
+of a command's files is refused before the work unless ``--overwrite``, which moves them aside
+(``<name>.previous-<time>``), never deleting them; other files in the folder are never touched.
 """
 
 from __future__ import annotations

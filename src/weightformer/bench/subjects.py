@@ -1,12 +1,10 @@
-"""What the benchmarks measure: one list of subjects, each a name, a builder and its inputs.
+"""What the benchmarks measure: one list of subjects, :data:`SUBJECTS`, each a name, a builder and its inputs.
 
-A subject belongs to a suite: ``cls`` (classification backbones, the sweep), ``dense`` (a backbone
-behind ViTDet's 256-channel simple feature pyramid), ``dit`` (WF-DiT and DiT with fused or explicit
-attention) or ``export`` (one classifier in three runtimes). Adding a benchmarked model is one entry
-in :data:`SUBJECTS`. The list needs no torch (``--help`` lists it); building a subject imports it.
-
-``size`` is a suite's input size: an image side (cls), a (height, width) pair (dense), a latent side
-(dit). :func:`make_call` turns a subject into the callable that is timed and probed: one inference
+A subject belongs to a suite: ``cls`` (classifiers, the sweep), ``dense`` (a backbone behind ViTDet's
+256-channel simple feature pyramid), ``dit`` (WF-DiT and DiT with fused or explicit attention) or
+``export`` (one classifier in three runtimes). Adding a benchmarked model is one entry in the list,
+which needs no torch (``--help`` lists it). A suite's ``size`` is an image side (cls), a (height, width)
+pair (dense) or a latent side (dit). :func:`make_call` gives what is timed and probed: one inference
 call, or one training step (forward, loss, backward, and an AdamW step for cls).
 """
 
