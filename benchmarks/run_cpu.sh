@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# Regenerate every committed CPU result, in order: the sweep (benchmarks/results/cpu), the targets, the
-# profiles that explain them, the DiT suite (cpu/dit) and the dense suite (cpu/dense). Each table records
-# the machine, the threads, the load average when it started and its command.
-# Run on an otherwise idle machine (2 threads). Estimated for the idle 2-core machine of benchmarks/results/cpu
-# (from the parts' earlier durations): about 70 minutes, i.e. sweep ~20 (814 s before inference memory was
-# added at every point), targets ~4, profiles ~1, dit ~25 (side 224 ~17), dense ~15. Start it in a terminal
-# that stays open; a sweep that dies continues with `python -m weightformer.bench ... --resume`. Extra arguments go to the sweep (e.g. --resolutions 224,448 for a quick look).
-# Earlier results are moved aside (<name>.previous-<time>), never deleted.
+# Regenerate every committed CPU benchmark table, in order: the sweep (benchmarks/results/cpu), the targets,
+# the profiles that explain them, the DiT table (cpu/dit), the dense cost table (cpu/dense) and the export
+# runtimes (cpu/export). Each table records the machine, the threads, the load average when it started and
+# its command. Run on an otherwise idle machine (2 threads): about 75 minutes on an idle 2-core machine.
+# Extra arguments go to the sweep (e.g. --resolutions 224,448 for a quick look); a sweep that dies continues
+# with the same command and --resume. Earlier results are moved aside (<name>.previous-<time>), never deleted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 python -m weightformer.bench --device cpu --threads 2 --out benchmarks/results/cpu --overwrite "$@"
 python benchmarks/targets.py --threads 2 --sweep-results benchmarks/results/cpu/results.json \
     --out benchmarks/results/targets_cpu.json
-python benchmarks/profile_ops.py --model wf-t --mode infer --resolution 1248 > benchmarks/results/cpu/profile_wf-t_infer_1248.txt
-python benchmarks/profile_ops.py --model wf-t --mode train --resolution 224 --batch 16 > benchmarks/results/cpu/profile_wf-t_train_224_b16.txt
+python benchmarks/examples/profile_ops.py --model wf-t --mode infer --resolution 1248 > benchmarks/results/cpu/profile_wf-t_infer_1248.txt
+python benchmarks/examples/profile_ops.py --model wf-t --mode train --resolution 224 --batch 16 > benchmarks/results/cpu/profile_wf-t_train_224_b16.txt
 python -m weightformer.bench dit --device cpu --threads 2 --out benchmarks/results/cpu/dit --overwrite
 OMP_NUM_THREADS=2 python -m weightformer.bench dense --device cpu --modes infer --max-call-seconds 45 \
     --out benchmarks/results/cpu/dense --overwrite
+python -m weightformer.bench export --repeats 1 --out benchmarks/results/cpu/export --overwrite

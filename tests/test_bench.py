@@ -10,42 +10,35 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from weightformer.bench import (
-    Sweep,
-    SweepConfig,
-    attach_ratios,
-    attention_flops,
-    build_variant,
-    count_flops,
-    get_variant,
-    measure_memory,
-    write_all,
-)
+from weightformer.bench import Sweep, SweepConfig, attach_ratios, count_flops, get_subject, measure, write_all
 from weightformer.bench.cli import add_arguments, config_from_args, parse_batches
-from weightformer.bench.timing import median, round_robin
+from weightformer.bench.subjects import SUBJECTS, suite
+from weightformer.bench.timing import median, side_by_side
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_attention_flops_matches_counter_on_explicit_matmuls():
-    batch, heads, tokens, head_dim = 2, 3, 7, 4
-    q, k, v = (torch.randn(batch, heads, tokens, head_dim) for _ in range(3))
-    counter = FlopCounterMode(display=False)
-    with counter:
-        (q @ k.transpose(-2, -1)).softmax(-1) @ v
-    assert attention_flops(batch, tokens, heads * head_dim) == counter.get_total_flops()
-    assert attention_flops(1, 10, 8) == 4 * 10 * 10 * 8
-
-
-def test_fused_attention_flops_equal_explicit_ones():
+def test_fused_attention_is_counted_as_its_explicit_matmuls():
+    """Torch's counter misses fused CPU attention; count_flops switches it to explicit matmuls while counting."""
     images = torch.randn(1, 3, 32, 32)
-    fused = count_flops(build_variant(get_variant("deit-t"), 32), images)
-    explicit = count_flops(build_variant(get_variant("deit-t-explicit"), 32), images)
-    assert explicit.flops_attention_added == 0
-    assert fused.flops == explicit.flops
-    assert fused.macs == fused.flops // 2
-    # Whatever the counter sees of fused attention, nothing is counted twice.
-    assert fused.flops_counted + fused.flops_attention_added == explicit.flops_counted
+    fused_model = get_subject("cls", "deit-t").build(32)
+    explicit_model = get_subject("cls", "deit-t-explicit").build(32)
+    fused, explicit = count_flops(fused_model, images), count_flops(explicit_model, images)
+    assert fused.flops == explicit.flops and fused.macs == fused.flops // 2
+    assert all(m.fused_attn for m in fused_model.modules() if hasattr(m, "fused_attn"))  # restored after counting
+    counter = FlopCounterMode(display=False)
+    with counter, torch.inference_mode():
+        fused_model(images)
+    tokens, dim, blocks = 5, 192, 12  # 4 patches and a class token: the two matmuls, 4·N²·D each block
+    assert explicit.flops - counter.get_total_flops() == blocks * 4 * tokens * tokens * dim
+
+
+def test_every_subject_is_one_entry_of_one_list():
+    assert len({(s.suite, s.name) for s in SUBJECTS}) == len(SUBJECTS)
+    assert {s.suite for s in SUBJECTS} == {"cls", "dense", "dit", "export"}
+    assert set(suite("cls")) >= {"wf-t", "wf-t-naive", "wf-t-ckpt", "deit-t", "deit-t-explicit", "wf-s", "deit-s"}
+    with pytest.raises(ValueError, match="unknown model 'resnet'; choose from wf-t"):
+        get_subject("cls", "resnet")
 
 
 def test_median_and_ratios():
@@ -63,16 +56,16 @@ def test_median_and_ratios():
     assert rows[1]["ratio_vs_baseline"] == 2.5
 
 
-def test_round_robin_alternates_models():
+def test_the_timer_interleaves_the_models():
     order = []
     calls = {key: (lambda key=key: order.append(key)) for key in ("a", "b", "c")}
-    samples = round_robin(calls, repetitions=2, device="cpu", iterations={"b": 2})
+    samples = side_by_side(calls, repetitions=2, device="cpu", iterations={"b": 2})
     assert order == ["a", "b", "b", "c", "a", "b", "b", "c"]
     assert {key: len(v) for key, v in samples.items()} == {"a": 2, "b": 2, "c": 2}
 
 
 def test_memory_subprocess_reports_positive_peak():
-    report = measure_memory("wf-t", "infer", 32, 1)
+    report = measure("cls", "wf-t", "infer", 32, 1)
     assert report.peak_mib > report.baseline_mib > 0
     assert report.extra_mib == pytest.approx(report.peak_mib - report.baseline_mib)
 

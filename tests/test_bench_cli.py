@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from weightformer.bench import cli as bench_cli
-from weightformer.bench import report
+from weightformer.bench import sweep
 from weightformer.bench.sweep import Sweep, SweepConfig
 from weightformer.cli import main
 
@@ -173,10 +173,10 @@ def test_results_are_printed_before_they_are_written(tmp_path, capsys, monkeypat
     def disk_full(result, out):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "write_all", disk_full)  # the CLI imports it when the sweep has run
-    with pytest.raises(OSError):
-        main(["bench", "--models", "wf-t", "--resolutions", "32", "--device", "cpu", "--out", str(tmp_path)])
-    assert "| WeightFormer-T |" in capsys.readouterr().out
+    monkeypatch.setattr(sweep, "write_all", disk_full)
+    assert main(["bench", "--models", "wf-t", "--resolutions", "32", "--device", "cpu", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "| WeightFormer-T |" in out and "No space left on device" in err
 
 
 def test_sigterm_stops_the_sweep_with_143_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
@@ -216,7 +216,7 @@ def test_targets_script_checks_its_output_before_measuring(tmp_path, capsys, mon
     (tmp_path / "targets_cpu.json").mkdir()
     assert targets.main(["--out", str(tmp_path / "targets_cpu.json")]) == 2
     out, err = capsys.readouterr()
-    assert err.startswith("error: --out ") and "cannot be replaced by a file" in err and len(err.splitlines()) == 1
+    assert err.startswith("error: --out ") and "is a folder" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
@@ -232,7 +232,7 @@ def test_gpu_script_without_cuda_is_an_error_on_stderr(capsys):
 # every number flag is finite and in range; --device cuda without a GPU is one line.
 # -------------------------------------------------------------------------------------------------
 from weightformer.bench import dense, dit  # noqa: E402
-from weightformer.bench.machine import machine_info  # noqa: E402
+from weightformer.bench.results import machine_info  # noqa: E402
 
 # command -> (argv before the flags, the files it writes, its default folder under benchmarks/results, tiny flags)
 BENCH = {
@@ -281,8 +281,7 @@ def _bench(command: str, *argv: str) -> list:
 @pytest.mark.parametrize("command", list(BENCH))
 def test_the_default_out_holding_earlier_results_is_refused_before_the_work(command, held, tmp_path, monkeypatch,
                                                                             capsys):
-    """No lost files: a default --out (the committed results folder) holding earlier results, all or one of
-    them (the sweep's points.jsonl included), is refused before the work, with nothing moved or written."""
+    """The default --out holds the committed results: every bench command refuses to replace them unasked."""
     _, names, default, _ = BENCH[command]
     monkeypatch.chdir(tmp_path)
     _no_work(monkeypatch, command)
@@ -386,7 +385,7 @@ def test_cuda_without_a_gpu_is_one_line_in_every_bench_command(command, device, 
 
 
 def test_auto_device_is_recorded_as_the_device_it_picked():
-    from weightformer.bench.options import check_device
+    from weightformer.bench.cli import check_device
 
     assert check_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert SweepConfig(models=["wf-t"], resolutions=[224], device="auto").device == check_device("auto")

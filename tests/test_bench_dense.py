@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from weightformer.bench import dense
+from weightformer.bench.subjects import get_subject
 from weightformer.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,7 +19,7 @@ def test_deit_trunk_macs_match_a_hand_count_with_attention():
     from torch's counter unless it is switched off."""
     d, n, patches = 192, 25, 24
     by_hand = patches * 16 * 16 * 3 * d + 12 * (12 * d * d * n + 2 * n * n * d)
-    macs = dense.count_macs(dense.build_dense_model("deit-t").eval(), 64, 96)
+    macs = dense.count_macs(get_subject("dense", "deit-t").build().eval(), 64, 96)
     assert macs["trunk_gmacs"] * 1e9 == pytest.approx(by_hand, rel=1e-9)
     assert macs["total_gmacs"] > macs["trunk_gmacs"]  # the pyramid adds its convolutions
 

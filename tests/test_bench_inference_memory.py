@@ -1,7 +1,6 @@
-"""The sweep measures inference memory at every point (each model in a fresh process), its table
-says how, every table names the machine, load and command, benchmarks/targets.py reports the 1248²
-inference-memory ratios, and `weightformer bench --help`, `bench dit --help` and `bench dense --help`
-import no torch."""
+"""The sweep measures inference memory at every point (each model in a fresh process), its table says how,
+every table names the machine, load and command, benchmarks/targets.py reports the 1248² inference-memory
+ratios, and `weightformer bench --help`, each suite's `--help` and a bad flag import no torch."""
 
 import argparse
 import importlib.util
@@ -13,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from weightformer.bench.cli import add_arguments, config_from_args
-from weightformer.bench.machine import command_line, describe, machine_info
-from weightformer.bench.report import markdown_table
-from weightformer.bench.sweep import Sweep, SweepConfig
+from weightformer.bench.results import command_line, describe, machine_info
+from weightformer.bench.sweep import Sweep, SweepConfig, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,26 +102,25 @@ def test_targets_refuses_a_results_file_without_the_points_before_measuring(tmp_
     assert not (tmp_path / "t.json").exists()
 
 
-# A driver that imports the bench CLI below a bare `weightformer` package (its __init__ is another
-# module's business) and reports whether torch or timm got imported by the bench modules themselves.
+# A driver that starts as the `weightformer` command (whose package import leaves the models, and so torch,
+# out) and reports whether torch or timm got imported by the bench command.
 DRIVER = """
-import sys, types
-package = types.ModuleType("weightformer")
-package.__path__ = [{src!r}]
-sys.modules["weightformer"] = package
-from weightformer.bench import cli
+import sys
+sys.argv[0] = "weightformer"
+from weightformer.cli import main
 try:
-    cli.main({argv!r})
+    main(["bench", *{argv!r}])
 except SystemExit:
     pass
 print("IMPORTED", "torch" in sys.modules, "timm" in sys.modules)
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["dit", "--help"], ["dense", "--help"], ["--no-such-flag"],
-                                  ["dit", "--sides", "x"], ["dense", "--sizes", "x"], ["--resolutions", "230"]])
+@pytest.mark.parametrize("argv", [["--help"], ["dit", "--help"], ["dense", "--help"], ["export", "--help"],
+                                  ["--no-such-flag"], ["dit", "--sides", "x"], ["dense", "--sizes", "x"],
+                                  ["--resolutions", "230"]])
 def test_bench_help_and_bad_flags_import_no_torch(argv):
-    code = DRIVER.format(src=str(REPO / "src" / "weightformer"), argv=argv)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", DRIVER.format(argv=argv)], capture_output=True, text=True,
+                          timeout=120)
     assert proc.stdout.strip().splitlines()[-1] == "IMPORTED False False", (proc.stdout, proc.stderr)
     assert "usage" in proc.stdout + proc.stderr or "error:" in proc.stderr

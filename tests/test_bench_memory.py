@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from weightformer.bench import memory, sweep
-from weightformer.bench.report import markdown_table
-from weightformer.bench.sweep import Sweep, SweepConfig
+from weightformer.bench.subjects import Subject
+from weightformer.bench.sweep import Sweep, SweepConfig, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,14 +24,21 @@ def _tiny(**kwargs) -> SweepConfig:
 
 
 def _failing_build(monkeypatch, error: BaseException, model: str = "deit-t") -> None:
-    build = sweep.build_variant
+    get_subject = sweep.get_subject
 
-    def build_variant(variant, resolution, device="cpu"):
-        if variant.key == model and device != "meta":
-            raise error
-        return build(variant, resolution, device)
+    def failing(suite, name):
+        subject = get_subject(suite, name)
+        if name != model:
+            return subject
 
-    monkeypatch.setattr(sweep, "build_variant", build_variant)
+        def build(resolution, device="cpu"):
+            if device != "meta":
+                raise error
+            return subject.build(resolution, device)
+
+        return Subject(**{**subject.__dict__, "build": build})
+
+    monkeypatch.setattr(sweep, "get_subject", failing)
 
 
 @pytest.mark.parametrize(
@@ -75,17 +82,17 @@ def test_memory_worker_killed_by_the_oom_killer_is_an_oom_point(monkeypatch):
 
 def test_memory_worker_out_of_memory_is_reported_not_raised(monkeypatch, capsys):
     monkeypatch.setattr(memory, "_measure_cpu_here", lambda *a: (_ for _ in ()).throw(MemoryError()))
-    monkeypatch.setattr(memory.torch, "set_num_threads", lambda n: None)  # the worker's own process setting
-    memory._worker([json.dumps({"variant": "wf-t", "mode": "infer", "resolution": 32, "batch": 1,
-                                "dtype": "float32", "threads": 1})])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the worker's own process setting
+    spec = {"suite": "cls", "name": "wf-t", "mode": "infer", "size": 32, "batch": 1, "dtype": "float32", "threads": 1}
+    memory._worker([json.dumps(spec)])
     report = json.loads(capsys.readouterr().out)
     assert report == {"oom": "MemoryError"}
     _fake_worker(monkeypatch, 0, json.dumps(report) + "\n")
     with pytest.raises(memory.OutOfMemory):
-        memory.measure_cpu("wf-t", "infer", 32, 1)
+        memory.measure("cls", "wf-t", "infer", 32, 1)
     _fake_worker(monkeypatch, 1)  # a worker that fails otherwise is a bug: it raises, and is no OOM
     with pytest.raises(RuntimeError, match="exit code 1") as failure:
-        memory.measure_cpu("wf-t", "infer", 32, 1)
+        memory.measure("cls", "wf-t", "infer", 32, 1)
     assert not memory.is_oom(failure.value)
 
 

@@ -52,9 +52,9 @@ def test_killed_sweep_resumes_measuring_only_the_rest(tmp_path, monkeypatch, cap
     measured = []
     prepare, count = Sweep._prepare_call, Sweep._count
     monkeypatch.setattr(Sweep, "_prepare_call", (
-        lambda self, v, *a: measured.append((v.key, a[-1])) or prepare(self, v, *a)
+        lambda self, v, *a: measured.append((v.name, a[-1])) or prepare(self, v, *a)
     ))
-    monkeypatch.setattr(Sweep, "_count", lambda self, v, *a: measured.append((v.key, "flops")) or count(self, v, *a))
+    monkeypatch.setattr(Sweep, "_count", lambda self, v, *a: measured.append((v.name, "flops")) or count(self, v, *a))
     assert main(["bench", *TINY, "--out", str(out), "--resume"]) == 0
     assert "3 points measured, 1 taken from" in capsys.readouterr().out
     assert sorted(measured) == [("deit-t", "flops"), ("deit-t", "infer"), ("wf-t", "flops")]
@@ -120,9 +120,8 @@ def test_cli_resume_with_other_settings_is_one_error_line(tmp_path, capsys, monk
     assert len(err.splitlines()) == 1
 
 
-
 def test_result_file_interrupted_mid_write_keeps_the_previous_one(tmp_path, monkeypatch):
-    from weightformer.bench import report
+    from weightformer.bench.results import write_results
 
     path = tmp_path / "results.json"
     path.write_text('{"rows": ["previous"]}\n')
@@ -132,6 +131,6 @@ def test_result_file_interrupted_mid_write_keeps_the_previous_one(tmp_path, monk
 
     monkeypatch.setattr(os, "fsync", killed)
     with pytest.raises(KeyboardInterrupt):
-        report.write_json({"rows": ["new"] * 1000}, path)
+        write_results(tmp_path, {"results.json": {"rows": ["new"] * 1000}})
     assert path.read_text() == '{"rows": ["previous"]}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temporary file left behind

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from weightformer.cli import main
 from weightformer.bench import dit, timing
+from weightformer.bench.subjects import dit_subject, get_subject
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,8 +23,8 @@ KEYS = ["wf_dit_s_8", "dit_s_8 fused", "dit_s_8 explicit"]
 
 def test_writes_json_and_markdown_and_cuts_off_slow_points(tmp_path: Path):
     out = tmp_path / "dit"
-    assert dit.main(["--models", *MODELS, "--sides", "8", "16", "--repeats", "1", "--no-memory",
-                     "--max-seconds", "1e-9", "--out", str(out)]) == 0
+    assert main(["bench", "dit", "--models", *MODELS, "--sides", "8", "16", "--repeats", "1", "--no-memory",
+                 "--max-seconds", "1e-9", "--out", str(out)]) == 0
     document = json.loads((out / "dit.json").read_text())
     rows = document["rows"]
     assert document["machine"]["cpu"] and document["machine"]["load_average"] and len(rows) == 2 * 2 * 3
@@ -46,7 +48,7 @@ def test_fused_and_explicit_attention_compute_the_same_model():
     t, y = torch.tensor([10]), torch.tensor([3])
     outputs = []
     for kind in dit.ATTENTION:
-        model = dit._build(dit.Entry("dit_s_8", kind), side, "cpu", TINY).eval()
+        model = dit_subject("dit_s_8", kind).build(side, "cpu", **TINY).eval()
         assert {m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")} == {kind == "fused"}
         with torch.no_grad():
             outputs.append(model(x, t, y))
@@ -70,10 +72,10 @@ def test_side_224_is_measured_with_memory_and_explicit_training_is_predicted_out
     attention's scores would not fit, the point is "out of memory (predicted)" and is not run."""
     _fake_clock(monkeypatch)
     # tiny DiT /8 at side 224: 784 tokens, 2 heads: 4.9 MB of scores per block; forward 9.8 MB, training 19.7 MB
-    forward_need = dit.score_bytes(dit.Entry("dit_s_8", "explicit"), 224, 1, "forward", TINY)
-    train_need = dit.score_bytes(dit.Entry("dit_s_8", "explicit"), 224, 1, "train", TINY)
+    forward_need = dit.score_bytes(dit_subject("dit_s_8", "explicit"), 224, 1, "forward", TINY)
+    train_need = dit.score_bytes(dit_subject("dit_s_8", "explicit"), 224, 1, "train", TINY)
     assert forward_need == 2 * 2 * 784 * 784 * 4 and train_need == (TINY["depth"] + 2) * 2 * 784 * 784 * 4
-    assert dit.score_bytes(dit.Entry("dit_s_8", "fused"), 224, 1, "train", TINY) == 0
+    assert dit.score_bytes(dit_subject("dit_s_8", "fused"), 224, 1, "train", TINY) == 0
     monkeypatch.setattr(dit, "available_bytes", lambda device: (forward_need + train_need) / 2 / dit.MEMORY_SHARE)
     rows = dit.benchmark(MODELS, [224], repeats=1, max_seconds=10.0, model_kwargs=TINY, attention=["explicit"])
     index = {(r["model"], r["mode"]): r for r in rows}
@@ -99,8 +101,8 @@ def test_the_budget_skips_points_predicted_over_it_from_the_last_side(monkeypatc
         assert index[(key, 16, "forward")]["status"] == "ok"
         assert index[(key, 16, "train")]["predicted_seconds"] == 3.0  # 3x the forward at the same side
         big = index[(key, 224, "forward")]
-        flops = dit.forward_flops(dit.Entry(*key.split(" ")), 224, 1, TINY) / dit.forward_flops(
-            dit.Entry(*key.split(" ")), 16, 1, TINY)
+        flops = dit.forward_flops(get_subject("dit", key), 224, 1, TINY) / dit.forward_flops(
+            get_subject("dit", key), 16, 1, TINY)
         assert big["status"] == "skipped" and big["predicted_seconds"] == pytest.approx(flops)
         assert "exceeds the 3 s budget" in big["reason"]
 
@@ -131,7 +133,7 @@ def test_running_out_of_memory_is_a_measured_outcome(monkeypatch):
 
 
 def _machine():
-    from weightformer.bench.machine import machine_info
+    from weightformer.bench.results import machine_info
 
     return machine_info("cpu", command="weightformer bench dit (test)")
 
@@ -142,14 +144,15 @@ def _config():
 
 
 def test_sides_to_224_and_the_model_order_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture):
-    parser = dit.build_parser()
-    assert parser.parse_args([]).sides == [32, 64, 128, 224]
-    assert dit.main(["--models", "dit_s_2", "wf_dit_s_2", "--out", str(tmp_path / "x")]) == 2
+    from weightformer.bench.cli import dit_parser
+
+    assert dit_parser().parse_args([]).sides == [32, 64, 128, 224]
+    assert main(["bench", "dit", "--models", "dit_s_2", "wf_dit_s_2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a WeightFormer-DiT, then an attention DiT" in err[0]
 
 
 def test_bad_model_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture):
-    assert dit.main(["--models", "wf_dit_s_3", "dit_s_2", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "dit", "--models", "wf_dit_s_3", "dit_s_2", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown model")

@@ -106,7 +106,12 @@ def test_an_unversioned_checkpoint_is_upgraded_to_the_current_format(tmp_path: P
     assert "format" not in saved and "protocol" not in saved["meta"] and "det_protocol" not in saved["config"]
     upgraded = read_checkpoint(LEGACY / "det" / "last.pt")
     assert upgraded["format"] == CHECKPOINT_FORMAT
-    assert upgraded["meta"] == {**saved["meta"], "protocol": "torchvision"}
+    kwargs = saved["meta"]["model_kwargs"]  # format 0 keeps the detector's settings beside the backbone's
+    backbone = {k: kwargs[k] for k in ("embed_dim", "depth")}
+    detector = {k: v for k, v in kwargs.items() if k not in backbone}
+    assert set(detector) >= {"conv_dim", "fc_dim", "rpn_pre_nms_top_n_train", "box_batch_size_per_image"}
+    assert upgraded["meta"] == {**saved["meta"], "protocol": "torchvision", "model_kwargs": backbone,
+                                "detector_kwargs": detector}
     assert upgraded["config"] == {**saved["config"], "det_protocol": "torchvision"}
     assert read_checkpoint(LEGACY / "seg" / "best.pt")["meta"]["protocol"] == "simple-pyramid"
     # The oldest checkpoints name their best score best_<metric>.

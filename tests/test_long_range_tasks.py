@@ -119,7 +119,7 @@ def test_attention_dit_refuses_weightformer_block_settings():
 
 
 def _benchmark_module():
-    spec = importlib.util.spec_from_file_location("long_range_tasks", ROOT / "benchmarks" / "long_range_tasks.py")
+    spec = importlib.util.spec_from_file_location("long_range_tasks", ROOT / "benchmarks" / "examples" / "long_range_tasks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,64 +1,24 @@
-"""Benchmarks: throughput, peak memory, FLOPs and parameters of WeightFormer against timm's DeiT.
+"""Benchmarks: throughput, peak memory, FLOPs and parameters of WeightFormer against timm's DeiT and DiT.
 
-A Python user can call the pieces directly::
+One list of subjects (:mod:`.subjects`), one side-by-side timer (:mod:`.timing`), one memory probe
+(:mod:`.memory`), one results writer (:mod:`.results`), used by the classification sweep (:mod:`.sweep`),
+the dense cost table (:mod:`.dense`), the DiT table (:mod:`.dit`) and the export timing
+(:mod:`weightformer.export.bench`). A Python user can call the pieces directly::
 
     from weightformer.bench import Sweep, SweepConfig, write_all
     result = Sweep(SweepConfig(models=["wf-t", "deit-t"], resolutions=[224, 448])).run()
     write_all(result, "benchmarks/results/cpu")
 
-``Sweep(config, journal=Path("out/points.jsonl"), resume=True)`` appends each point to the journal as it
-is measured and takes the points already there instead of measuring them again.
-
-The names below are loaded when first used (PEP 562), so that ``weightformer bench --help``, which
-imports ``weightformer.bench.cli``, does not import torch.
+The names below are loaded when first used, so that ``weightformer bench --help`` imports no torch.
 """
 
-from importlib import import_module
-from typing import Any
+from .. import _lazy_exports
 
-# public name -> (module of this package, its name there)
-_EXPORTS = {
-    "FlopReport": ("flops", "FlopReport"),
-    "attention_flops": ("flops", "attention_flops"),
-    "count_flops": ("flops", "count_flops"),
-    "Journal": ("journal", "Journal"),
-    "JournalMismatch": ("journal", "JournalMismatch"),
-    "describe": ("machine", "describe"),
-    "machine_info": ("machine", "machine_info"),
-    "MemoryReport": ("memory", "MemoryReport"),
-    "OutOfMemory": ("memory", "OutOfMemory"),
-    "cuda_peak": ("memory", "cuda_peak"),
-    "is_oom": ("memory", "is_oom"),
-    "measure_memory": ("memory", "measure"),
-    "check_out_dir": ("report", "check_out_dir"),
-    "claim_out_dir": ("report", "claim_out_dir"),
-    "markdown_table": ("report", "markdown_table"),
-    "plot_scaling": ("report", "plot_scaling"),
-    "write_all": ("report", "write_all"),
-    "write_csv": ("report", "write_csv"),
-    "write_json": ("report", "write_json"),
-    "write_markdown": ("report", "write_markdown"),
-    "Sweep": ("sweep", "Sweep"),
-    "SweepConfig": ("sweep", "SweepConfig"),
-    "attach_ratios": ("sweep", "attach_ratios"),
-    "VARIANTS": ("variants", "VARIANTS"),
-    "Variant": ("variants", "Variant"),
-    "build_variant": ("variants", "build_variant"),
-    "get_variant": ("variants", "get_variant"),
-    "param_count": ("variants", "param_count"),
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _EXPORTS[name]
-    value = getattr(import_module(f".{module}", __name__), attribute)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(__name__, {
+    "count_flops": "flops", "Journal": "journal", "JournalMismatch": "journal", "MemoryReport": "memory",
+    "OutOfMemory": "memory", "cuda_peak": "memory", "is_oom": "memory", "measure": "memory",
+    "describe": "results", "machine_info": "results", "write_results": "results", "SUBJECTS": "subjects",
+    "Subject": "subjects", "get_subject": "subjects", "make_call": "subjects", "Sweep": "sweep",
+    "SweepConfig": "sweep", "attach_ratios": "sweep", "markdown_table": "sweep", "write_all": "sweep",
+    "median": "timing", "side_by_side": "timing", "time_call": "timing",
+})

@@ -1,16 +1,20 @@
-"""``weightformer bench``: run the benchmark sweep and write JSON, CSV, Markdown and the scaling plot.
+"""``weightformer bench``: the sweep (no suite named), ``bench dense``, ``bench dit`` and ``bench export``.
 
-Every setting is checked before any measurement, and so is the output folder (the rule of every
-bench command: :func:`~weightformer.bench.report.claim_out_dir`): a bad one ends in one ``error:`` line
-on stderr and exit status 2. Each point is appended to ``points.jsonl`` in the output folder as it is measured;
-``--resume`` takes the points already there. SIGINT and SIGTERM stop the sweep between calls with
-exit status 130 and 143, keeping the points measured so far.
+Every setting is checked before any measurement, and so is the output folder (the rule of
+:func:`~weightformer.bench.results.claim_out_dir`): a bad one is one ``error:`` line on stderr and exit
+status 2 (the engine's :class:`~weightformer.engine.cli.OneLineParser` and
+:func:`~weightformer.engine.cli.run_reporting_errors`). Numbers are finite and in range; ``--device``
+is the engine's ``pick_device``. The parsers import no torch, so ``--help`` and a bad flag answer at once.
 
-The parser is built from torch-free modules (:mod:`.settings`, :mod:`.options`, :mod:`.variants`), so
-``--help`` and a bad flag answer without importing torch; :func:`run` imports the sweep.
+The sweep appends each point to ``points.jsonl`` in its folder as it is measured; ``--resume`` takes
+the points already there. SIGINT and SIGTERM stop it between calls with exit status 130 and 143,
+keeping the points measured so far.
 """
 
+from __future__ import annotations
+
 import argparse
+import math
 import shlex
 import signal
 import sys
@@ -18,22 +22,26 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..engine.cli import OneLineParser, run_reporting_errors
+from ..engine.errors import ConfigError
 from .journal import JOURNAL_NAME
-from .machine import command_line
-from .options import DEVICE_HELP, add_overwrite_argument, from_text, number, one_line_error, parse_int, strings
-from .settings import DTYPES, MEASUREMENTS, MODES, OUTPUT_NAMES, check_choices, check_models, check_resolution
-from .variants import VARIANTS
+from .subjects import INFER, TRAIN, suite
 
 if TYPE_CHECKING:
     from .sweep import SweepConfig
 
+MEASUREMENTS = ("infer", "train", "memory", "flops")
+MODES = (INFER, TRAIN)
+DTYPES = ("float32", "bfloat16", "float16")
+PATCH = 16  # every classifier of the sweep cuts images into 16×16 patches
+SWEEP_FILES = ("results.json", "results.csv", "results.md", "scaling.png")
 DEFAULT_MODELS = ["wf-t", "wf-t-naive", "wf-t-ckpt", "deit-t", "deit-t-explicit", "wf-s", "deit-s"]
 DEFAULT_RESOLUTIONS = [224, 448, 624, 896, 1248, 2048]
 DEFAULT_BATCHES = "224:16,448:4,1"
 DEFAULT_TRAIN_RESOLUTIONS = [224, 448, 624, 1248]
-# --quick: what it leaves of the sweep, unless given explicitly.
 QUICK = {"models": ["wf-t", "deit-t"], "resolutions": [224, 448], "measure": ["infer", "flops"]}
 EXIT_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: auto, i.e. cuda where a GPU is visible, else cpu)"
 
 DESCRIPTION = """\
 Speed and memory benchmarks: throughput, peak memory, FLOPs and parameters of WeightFormer against
@@ -42,10 +50,9 @@ timm's DeiT, written as results.json, results.csv, results.md and scaling.png.
 A bare `weightformer bench` runs the full sweep: WeightFormer-T (fast, naive, checkpointed) and DeiT-T
 (fused and explicit attention), WeightFormer-S and DeiT-S, at 224-2048 px, inference, training steps,
 FLOPs, and the extra peak memory of one inference call at every resolution and of one training step
-at every training resolution (each model in a fresh process). Expect about 20 minutes on the idle
-2-core machine of benchmarks/results/cpu (814 s before inference memory was measured everywhere),
-more on a slower or busier one. For a quick look use --quick (WeightFormer-T and
-DeiT-T, inference and FLOPs at 224 and 448 px: about 30 s there), or pick models and resolutions.
+at every training resolution (each model in a fresh process): about 20 minutes on an idle 2-core
+machine, more on a slower or busier one. For a quick look use --quick (WeightFormer-T and DeiT-T,
+inference and FLOPs at 224 and 448 px: about 30 s there), or pick models and resolutions.
 
 Each point is saved to points.jsonl in --out as soon as it is measured: a sweep that is killed keeps
 its points, and the same command with --resume measures only the rest.
@@ -55,86 +62,158 @@ committed benchmarks/results/<device type> included) is refused before any measu
 moves them aside (<name>.previous-<time>, never deleted), --resume continues their points.jsonl."""
 
 
-def _resolutions(text: str) -> List[int]:
-    values = [parse_int(part) for part in strings(text)]
-    if not values:
-        raise ValueError(f"expected comma-separated resolutions such as 224,448, got {text!r}")
-    for value in values:
-        check_resolution(value)
-    return values
+# ------------------------------------------------------------------------------------ values and checks
+def strings(text: str) -> List[str]:
+    """The non-empty, stripped parts of a comma-separated list."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _models(text: str) -> List[str]:
-    models = strings(text)
-    check_models(models)
-    return models
+def check_number(what: str, value: float, minimum: float, inclusive: bool = True) -> None:
+    """ConfigError unless ``value`` is finite and at least (or above) ``minimum``."""
+    if not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
+        raise ConfigError(f"{what} must be a number {'>=' if inclusive else '>'} {minimum:g}, got {value!r}")
 
 
-def _choices(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
-    def parse(text: str) -> List[str]:
-        values = strings(text)
-        check_choices(what, values, allowed)
+def check_choices(what: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """ConfigError unless ``values`` is a non-empty selection from ``allowed``."""
+    unknown = [v for v in values if v not in allowed]
+    if unknown or not values:
+        given = ", ".join(map(repr, unknown)) or "(none given)"
+        raise ConfigError(f"unknown {what} {given}; choose from {', '.join(allowed)}")
+
+
+def check_models(models: Sequence[str], suite_name: str = "cls") -> None:
+    if not models:
+        raise ConfigError(f"no models given; choose from {', '.join(suite(suite_name))}")
+    check_choices("model", models, list(suite(suite_name)))
+
+
+def check_resolution(resolution: int) -> None:
+    if resolution < PATCH or resolution % PATCH:
+        raise ConfigError(f"resolution {resolution} is not a positive multiple of {PATCH} (the patch size), e.g. 224")
+
+
+def check_device(device: str) -> str:
+    """``device`` as a result records it (``auto`` becomes cuda or cpu), checked by the engine's ``pick_device``."""
+    from ..engine.device import pick_device
+
+    picked = pick_device(str(device))
+    return picked.type if device == "auto" else str(device)
+
+
+def _type(parse: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``parse(text)``, its ValueError turned into argparse's one-line error."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error) or f"bad {what}: {text!r}") from None
+
+    convert.__name__ = what
+    return convert
+
+
+def _scalar(text: str, integer: bool) -> float:
+    try:
+        return int(text) if integer else float(text)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if integer else 'a number'}, got {text!r}") from None
+
+
+def number(minimum: float, inclusive: bool = True, integer: bool = False) -> Callable[[str], Any]:
+    """An argparse type: an integer (or a finite float) at least (or above) ``minimum``."""
+    def parse(text: str) -> Any:
+        value = _scalar(text, integer)
+        check_number("the value", value, minimum, inclusive)
+        return value
+
+    return _type(parse, "an integer" if integer else "a number")
+
+
+def listed(parse: Callable[[str], Any], what: str, check: Callable[[list], None] = lambda v: None) -> Callable:
+    """An argparse type: a comma-separated list of ``parse`` values, non-empty, then ``check``-ed."""
+    def parse_all(text: str) -> list:
+        values = [parse(part) for part in strings(text)]
+        if not values:
+            raise ValueError(f"no {what} given in {text!r}")
+        check(values)
         return values
 
-    return parse
+    return _type(parse_all, what)
+
+
+def _resolution(text: str) -> int:
+    value = int(_scalar(text, True))
+    check_resolution(value)
+    return value
 
 
 def parse_batches(text: str) -> Tuple[Dict[int, int], int]:
-    """Parse "RES:BATCH,...,DEFAULT" (e.g. "224:16,448:4,1") into ({224: 16, 448: 4}, 1).
-
-    Raises ``argparse.ArgumentTypeError`` on anything else: a bad entry, a batch below 1, two defaults.
-    """
+    """"RES:BATCH,...,DEFAULT" (e.g. "224:16,448:4,1") as ({224: 16, 448: 4}, 1); ArgumentTypeError otherwise."""
     per_res: Dict[int, int] = {}
     defaults: List[int] = []
     for part in strings(text):
         try:
             if ":" in part:
                 res, batch = part.split(":")
-                per_res[int(res)] = int(batch)
-                check_resolution(int(res))
+                per_res[_resolution(res)] = int(batch)
             else:
                 defaults.append(int(part))
         except ValueError as error:
             detail = str(error) if "multiple" in str(error) else f"bad batch entry {part!r}"
             raise argparse.ArgumentTypeError(
-                f"{detail} in {text!r}; use RES:BATCH pairs and one plain default, e.g. 224:16,1"
-            ) from None
+                f"{detail} in {text!r}; use RES:BATCH pairs and one plain default, e.g. 224:16,1") from None
     if len(defaults) > 1:
         raise argparse.ArgumentTypeError(f"{len(defaults)} plain defaults in {text!r}; give one, e.g. 224:16,1")
-    for batch in [*per_res.values(), *defaults]:
-        if batch < 1:
-            raise argparse.ArgumentTypeError(f"batch {batch} in {text!r} is below 1; batches are positive integers")
+    if any(batch < 1 for batch in [*per_res.values(), *defaults]):
+        raise argparse.ArgumentTypeError(f"a batch in {text!r} is below 1; batches are positive integers")
     return per_res, defaults[0] if defaults else 1
+
+
+def _common(parser: argparse.ArgumentParser, files: Sequence[str], default_out: str, threads: bool = True) -> None:
+    """--device, --threads, --out and --overwrite, as every bench command has them."""
+    add = parser.add_argument
+    add("--device", default="auto", help=DEVICE_HELP)
+    if threads:
+        add("--threads", type=number(1, integer=True), default=None, help="torch CPU threads (default: torch's choice)")
+    add("--out", type=Path, default=None,
+        help=f"output folder (default: benchmarks/results/<device type>{default_out}); one that already holds "
+             f"{' or '.join(files)} is refused unless --overwrite")
+    add("--overwrite", action="store_true",
+        help=f"move the {', '.join(files)} already in --out aside (<name>.previous-<time>, never deleted) "
+             f"instead of refusing to start")
 
 
 def _list(values: Sequence[Any]) -> str:
     return ",".join(map(str, values))
 
 
+# ------------------------------------------------------------------------------------------- the sweep
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the benchmark's options to ``parser``, with its description, help layout and one-line errors."""
+    """The sweep's options, with its description and help layout."""
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.error = one_line_error(parser)  # type: ignore[method-assign]
     S = argparse.SUPPRESS  # --quick fills in what is not given; config_from_args applies the defaults
+    resolutions = listed(_resolution, "resolutions such as 224,448")
+    choices = lambda allowed, what: listed(str, what, lambda v: check_choices(what, v, allowed))  # noqa: E731
     add = parser.add_argument
     add("--quick", action="store_true",
         help=f"a short sweep: models {_list(QUICK['models'])}, resolutions {_list(QUICK['resolutions'])}, "
-        f"measure {_list(QUICK['measure'])}, unless given explicitly")
-    add("--models", type=from_text(_models, "models"), default=S,
-        help=f"comma-separated, from: {', '.join(VARIANTS)} (default: {_list(DEFAULT_MODELS)})")
-    add("--resolutions", type=from_text(_resolutions, "resolutions"), default=S,
+             f"measure {_list(QUICK['measure'])}, unless given explicitly")
+    add("--models", type=_type(lambda t: (lambda m: check_models(m) or m)(strings(t)), "models"), default=S,
+        help=f"comma-separated, from: {', '.join(suite('cls'))} (default: {_list(DEFAULT_MODELS)})")
+    add("--resolutions", type=resolutions, default=S,
         help=f"image sides in pixels, multiples of 16 (default: {_list(DEFAULT_RESOLUTIONS)})")
     add("--batch", type=parse_batches, default=parse_batches(DEFAULT_BATCHES), metavar="RES:BATCH,...,DEFAULT",
         help=f"batch size per resolution and a plain default for the others (default: {DEFAULT_BATCHES})")
-    add("--measure", type=from_text(_choices(MEASUREMENTS, "measurements"), "measure"), default=S,
+    add("--measure", type=choices(MEASUREMENTS, "measurements"), default=S,
         help=f"comma-separated, from: {', '.join(MEASUREMENTS)} (default: all)")
-    add("--train-resolutions", type=from_text(_resolutions, "resolutions"), default=DEFAULT_TRAIN_RESOLUTIONS,
+    add("--train-resolutions", type=resolutions, default=DEFAULT_TRAIN_RESOLUTIONS,
         help=f"the resolutions that also get training steps (default: {_list(DEFAULT_TRAIN_RESOLUTIONS)})")
-    add("--memory-resolutions", type=from_text(_resolutions, "resolutions"), default=None,
+    add("--memory-resolutions", type=resolutions, default=None,
         help="the resolutions that also get peak memory, of each mode where it is timed (default: all: inference "
              "memory at every resolution, training memory at the --train-resolutions)")
-    add("--memory-modes", type=from_text(_choices(MODES, "memory modes"), "modes"), default=list(MODES),
+    add("--memory-modes", type=choices(MODES, "memory modes"), default=list(MODES),
         help=f"memory of 'infer' calls, 'train' steps or both, comma-separated (default: {_list(MODES)})")
     add("--repetitions", type=number(1, integer=True), default=3,
         help="timed rounds per point; medians are reported (default: %(default)s)")
@@ -142,16 +221,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a timed repetition lasts at least this many seconds (default: %(default)s)")
     add("--max-call-seconds", type=number(0, inclusive=False), default=15.0,
         help="skip points predicted to take longer per call, in seconds (default: %(default)s)")
-    add("--device", default="auto", help=DEVICE_HELP)
     add("--dtype", default="float32", choices=DTYPES, help="autocast dtype (default: %(default)s)")
-    add("--threads", type=number(1, integer=True), default=None,
-        help="torch CPU threads (default: torch's choice)")
-    add("--out", type=Path, default=None,
-        help=f"output folder (default: benchmarks/results/<device type>); one that already holds "
-             f"{', '.join(OUTPUT_NAMES)} or {JOURNAL_NAME} is refused unless --resume or --overwrite")
+    _common(parser, (*SWEEP_FILES, JOURNAL_NAME), "")
     add("--resume", action="store_true",
         help=f"take the points already in --out/{JOURNAL_NAME} (same settings only) and measure the rest")
-    add_overwrite_argument(parser, f"results ({', '.join(OUTPUT_NAMES)}) and {JOURNAL_NAME}")
 
 
 def config_from_args(args: argparse.Namespace) -> "SweepConfig":
@@ -165,21 +238,11 @@ def config_from_args(args: argparse.Namespace) -> "SweepConfig":
 
     per_res, default = args.batch
     return SweepConfig(
-        models=pick("models", DEFAULT_MODELS),
-        resolutions=pick("resolutions", DEFAULT_RESOLUTIONS),
-        batch_sizes=per_res,
-        default_batch=default,
-        measurements=tuple(pick("measure", MEASUREMENTS)),
-        train_resolutions=args.train_resolutions,
-        memory_resolutions=args.memory_resolutions,
-        memory_modes=tuple(args.memory_modes),
-        repetitions=args.repetitions,
-        min_rep_seconds=args.min_rep_seconds,
-        max_call_seconds=args.max_call_seconds,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-    )
+        models=pick("models", DEFAULT_MODELS), resolutions=pick("resolutions", DEFAULT_RESOLUTIONS),
+        batch_sizes=per_res, default_batch=default, measurements=tuple(pick("measure", MEASUREMENTS)),
+        train_resolutions=args.train_resolutions, memory_resolutions=args.memory_resolutions,
+        memory_modes=tuple(args.memory_modes), repetitions=args.repetitions, min_rep_seconds=args.min_rep_seconds,
+        max_call_seconds=args.max_call_seconds, device=args.device, dtype=args.dtype, threads=args.threads)
 
 
 class Stopped(BaseException):
@@ -198,69 +261,120 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def _sweep(config: "SweepConfig", out: Path, resume: bool, command: str) -> Optional[Dict[str, Any]]:
-    """Run the sweep with SIGINT/SIGTERM turned into ``Stopped``; None (and a message) if stopped."""
-    from .sweep import Sweep
+def run_sweep(args: argparse.Namespace, command: str) -> int:
+    """Run the sweep the options describe, print its table, write its outputs; the exit status."""
+    from . import sweep
 
+    config = config_from_args(args)
+    out = args.out or Path("benchmarks/results") / config.device.split(":")[0]
+    from .results import claim_out_dir
+
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
+    journal = Path(out) / JOURNAL_NAME
+    hint = f" (--resume: there is no {JOURNAL_NAME} there to resume from)" if args.resume and not journal.exists() else ""
+    claim_out_dir(out, (*SWEEP_FILES, JOURNAL_NAME), args.overwrite, "weightformer bench",
+                  keep=args.resume and journal.is_file(), hint=hint, log=_log)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only there can handlers be set
     previous = {signum: signal.signal(signum, _raise_stopped) for signum in EXIT_SIGNALS if in_main_thread}
     try:
-        return Sweep(config, log=_log, journal=out / JOURNAL_NAME, resume=resume, command=command).run()
+        result = sweep.Sweep(config, log=_log, journal=journal, resume=args.resume, command=command).run()
+    except Stopped as stop:
+        print(f"stopped by {stop}; the points measured so far are in {journal}: "
+              f"rerun the same command with --resume to finish", file=sys.stderr)
+        return EXIT_SIGNALS[stop.signum]
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def claim_sweep_out_dir(out: Path, resume: bool, overwrite: bool) -> List[Path]:
-    """The bench output rule (:func:`~weightformer.bench.report.claim_out_dir`) for the sweep's folder:
-    its results and journal are refused unless ``overwrite`` (moved aside) or ``resume`` with the journal
-    there (continued in place). A ``resume`` without a journal has nothing to continue: results already
-    there are refused as without it. Returns the files moved aside."""
-    from .report import OutputError, claim_out_dir
-
-    if resume and overwrite:
-        raise OutputError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
-    journal = Path(out) / JOURNAL_NAME
-    hint = f" (--resume: there is no {JOURNAL_NAME} there to resume from)" if resume and not journal.exists() else ""
-    return claim_out_dir(out, (*OUTPUT_NAMES, JOURNAL_NAME), overwrite, "weightformer bench",
-                         keep=resume and journal.is_file(), hint=hint, log=_log)
-
-
-def run(args: argparse.Namespace, command: Optional[str] = None) -> int:
-    """Run the sweep the options describe, print its table, write its outputs, and return the exit status.
-    ``command`` is the command line the results name (default: this process's)."""
-    from .journal import JournalMismatch
-    from .report import markdown_table, write_all
-
-    try:
-        config = config_from_args(args)
-        out = args.out or Path("benchmarks/results") / config.device.split(":")[0]
-        claim_sweep_out_dir(out, args.resume, getattr(args, "overwrite", False))
-    except ValueError as error:  # a bad setting (SweepConfig) or an output folder that cannot take the results
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    try:
-        result = _sweep(config, out, args.resume, command or command_line())
-    except JournalMismatch as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except Stopped as stop:
-        print(f"stopped by {stop}; the points measured so far are in {out / JOURNAL_NAME}: "
-              f"rerun the same command with --resume to finish", file=sys.stderr)
-        return EXIT_SIGNALS[stop.signum]
-    # The table first: if writing fails, the results are on screen (and in the journal) all the same.
-    print(markdown_table(result), flush=True)
-    for path in write_all(result, out):
+    print(sweep.markdown_table(result), flush=True)  # first: if writing fails, the results are on screen
+    for path in sweep.write_all(result, out):
         print(f"wrote {path}")
     print(f"sweep took {result['elapsed_s']:.0f} s ({result['points_measured']} points measured, "
-          f"{result['points_reused']} taken from {out / JOURNAL_NAME})")
+          f"{result['points_reused']} taken from {journal})")
     return 0
 
 
-# Benchmarks of their own, each a module with ``main(argv) -> int``: ``weightformer bench NAME ...``.
-SUITES: Dict[str, Tuple[str, str]] = {
-    "dense": ("weightformer.bench.dense", "backbone cost at detection/segmentation sizes (GFLOPs, params, memory, img/s)"),
-    "dit": ("weightformer.bench.dit", "WeightFormer-DiT against DiT across latent sizes (time and memory)"),
+# ------------------------------------------------------------------------------------------- the suites
+def _size(text: str) -> Tuple[int, int]:
+    try:
+        values = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 32:
+        raise ValueError(f"a size is S or HxW in pixels, at least 32 (e.g. 1024 or 800x1333), got {text!r}")
+    return (values[0], values[-1])
+
+
+def dense_parser() -> argparse.ArgumentParser:
+    from .dense import DEFAULT_SIZES, FILES
+
+    models = list(suite("dense"))
+    parser = OneLineParser(prog="weightformer bench dense", formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="What a backbone costs behind ViTDet's 256-channel simple feature pyramid at "
+                                       "detection and segmentation sizes: GMACs and parameters of the trunk and with "
+                                       "the pyramid, extra peak memory and img/s of a forward and of a training step.")
+    add = parser.add_argument
+    add("--models", type=listed(str, "models", lambda v: check_choices("model", v, models)), default=models,
+        help=f"comma-separated (default: {','.join(models)})")
+    add("--sizes", type=listed(_size, "sizes"), default=list(DEFAULT_SIZES),
+        help="comma-separated S or HxW (default: 800x1333,1024,512)")
+    add("--modes", type=listed(str, "modes", lambda v: check_choices("mode", v, MODES)), default=list(MODES),
+        help="infer, train or both (default: infer,train)")
+    add("--repetitions", type=number(1, integer=True), default=3, help="timed rounds; medians are reported (default: 3)")
+    add("--max-call-seconds", type=number(0, inclusive=False), default=60.0,
+        help="skip a model whose first call takes longer (default: 60)")
+    add("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    _common(parser, FILES, "/dense", threads=False)
+    return parser
+
+
+def dit_parser() -> argparse.ArgumentParser:
+    from .dit import ATTENTION, DEFAULT_SIDES, FILES
+
+    parser = OneLineParser(prog="weightformer bench dit",
+                           description="WeightFormer-DiT against DiT with fused attention (F.scaled_dot_product_"
+                                       "attention) and with explicit attention (softmax(QKᵀ)V, the N×N scores in "
+                                       "memory), across latent sides, forward and training step: time and extra peak "
+                                       "memory.")
+    add = parser.add_argument
+    add("--models", nargs=2, default=["wf_dit_s_2", "dit_s_2"], metavar=("WF_DIT", "DIT"),
+        help="the WeightFormer-DiT and the attention DiT compared (default: wf_dit_s_2 dit_s_2)")
+    add("--attention", nargs="+", choices=ATTENTION, default=list(ATTENTION),
+        help="the attention DiT's attention, one row each (default: fused explicit)")
+    add("--sides", type=number(1, integer=True), nargs="+", default=list(DEFAULT_SIDES),
+        help="latent sides, 8 px each, multiples of the patch sizes (default: 32 64 128 224, i.e. 256 to 1792 px)")
+    add("--batch", type=number(1, integer=True), default=1, help="default: %(default)s")
+    add("--repeats", type=number(1, integer=True), default=3,
+        help="interleaved repetitions per point (default: %(default)s)")
+    add("--max-seconds", type=number(0, inclusive=False), default=200.0,
+        help="per-call budget, seconds > 0: points predicted to take longer are skipped, and a model stops growing "
+             "once one call takes longer (default: %(default)s)")
+    add("--no-memory", action="store_true", help="time only")
+    _common(parser, FILES, "/dit")
+    return parser
+
+
+def export_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="weightformer bench export",
+                           description="CPU throughput of one classifier in PyTorch eager, torch.compile(dynamic=True) "
+                                       "and onnxruntime, at several image sizes with one compiled program and one "
+                                       "ONNX file for all of them.")
+    add = parser.add_argument
+    add("--model", default="weightformer_tiny", help="a timm model name (default: %(default)s)")
+    add("--rounds", type=number(1, integer=True), default=5, help="interleaved rounds (default: %(default)s)")
+    add("--repeats", type=number(1, integer=True), default=2, help="calls per timed repetition (default: %(default)s)")
+    add("--threads", type=number(1, integer=True), default=1, help="threads of every runtime (default: %(default)s)")
+    add("--out", type=Path, default=Path("benchmarks/results/cpu/export"), help="output folder (default: %(default)s)")
+    add("--overwrite", action="store_true", help="move runtimes.json and runtimes.md already in --out aside")
+    return parser
+
+
+SUITES: Dict[str, Tuple[str, str, Callable[[], argparse.ArgumentParser]]] = {
+    "dense": ("weightformer.bench.dense", "backbone cost at detection/segmentation sizes (GFLOPs, params, memory, "
+                                          "img/s)", dense_parser),
+    "dit": ("weightformer.bench.dit", "WeightFormer-DiT against DiT across latent sides (time and memory)", dit_parser),
+    "export": ("weightformer.export.bench", "one classifier in eager, torch.compile and onnxruntime (CPU img/s)",
+               export_parser),
 }
 
 
@@ -268,11 +382,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``weightformer bench``: a suite named first (:data:`SUITES`), else the sweep."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] in SUITES:
-        from importlib import import_module
+        module, _, make_parser = SUITES[argv[0]]
+        args = make_parser().parse_args(argv[1:])
+        command = shlex.join(["weightformer", "bench", *argv])
 
-        return int(import_module(SUITES[argv[0]][0]).main(argv[1:]) or 0)
-    parser = argparse.ArgumentParser(prog="weightformer bench")  # one-line errors: add_arguments
+        def run_suite() -> int:
+            from importlib import import_module
+
+            return import_module(module).run_command(args, command)
+
+        return run_reporting_errors(run_suite)
+    parser = OneLineParser(prog="weightformer bench")
     add_arguments(parser)
     parser.description = DESCRIPTION + "\n\nOther suites: " + "; ".join(
-        f"`weightformer bench {name}` ({text})" for name, (_, text) in SUITES.items())
-    return run(parser.parse_args(argv), command=shlex.join(["weightformer", "bench", *argv]))
+        f"`weightformer bench {name}` ({text})" for name, (_, text, _) in SUITES.items())
+    args = parser.parse_args(argv)
+    return run_reporting_errors(lambda: run_sweep(args, shlex.join(["weightformer", "bench", *argv])))

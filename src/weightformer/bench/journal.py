@@ -1,15 +1,10 @@
-"""The sweep's journal: each point appended to ``points.jsonl`` as soon as it is measured.
+"""The sweep's journal, ``points.jsonl``: each point appended (one write, flushed) as soon as it is measured,
+so a killed sweep keeps its points and ``weightformer bench --resume`` measures only the rest.
 
-A sweep whose process is killed (the out-of-memory killer, a time limit, Ctrl-C) keeps every point
-measured before the kill; ``weightformer bench --resume`` reads them back and measures only the rest.
-
-The first line is a header holding the settings every point depends on beyond its own key (device,
-dtype, timing settings, threads, machine and library versions); each further line is one point:
-its key (model, resolution, batch, measurement) and what was measured. A resumed sweep whose
-settings differ from the header's is refused, so results measured two ways are never mixed.
-
-Lines are appended with one write each and flushed to disk; a kill in the middle of a write leaves
-at most a partial last line, which reading drops (and cuts from the file) so the point is measured again.
+The first line holds the settings every point depends on beyond its key (device, dtype, timing, threads,
+machine, library versions): resuming with other settings is refused. Each further line is one point, its
+key (model, resolution, batch, measurement) and what was measured. A kill mid-write leaves at most a
+partial last line, which reading drops (and cuts from the file), so that point is measured again.
 """
 
 import json
@@ -17,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from ..engine.errors import ConfigError
 from ..engine.outputs import write_atomic
 
 JOURNAL_NAME = "points.jsonl"
@@ -25,7 +21,7 @@ FORMAT = "weightformer bench points, version 1"
 Key = Tuple[str, int, int, str]  # model, resolution, batch, measurement
 
 
-class JournalMismatch(ValueError):
+class JournalMismatch(ConfigError):
     """A journal to resume from was measured with other settings (or is not a journal at all)."""
 
 

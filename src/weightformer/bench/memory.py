@@ -1,21 +1,22 @@
-"""Peak memory of one inference call or training step.
+"""The memory probe: the extra peak memory of one call of a subject (:mod:`.subjects`) over a warmed-up process.
 
-On CUDA: ``torch.cuda.max_memory_allocated`` around the call, in this process (``cuda_peak``, also used
-by benchmarks/gpu.py), after the same warm-up call as on the CPU.
+On CUDA: ``torch.cuda.max_memory_allocated`` during the call minus ``memory_allocated`` before it, in
+this process (:func:`cuda_peak`, also used by benchmarks/gpu.py), after a warm-up call at the
+subject's small warm-up size.
 
-On CPU: peak resident set size, measured in a fresh subprocess per point so that earlier points'
-allocations cannot hide this one's. The worker builds the model (and, for a training step, AdamW),
-runs one warm-up call on a 64×64 image (loading kernels; creating AdamW's state), frees the gradients, reads its
-resident set size (the baseline), resets the kernel's high-water mark (``/proc/self/clear_refs``) and
-runs one step at the measured size. ``peak`` is the high-water mark (VmHWM); ``extra`` is peak minus
-baseline, i.e. activations, gradients and temporaries. glibc's mmap threshold is pinned at 128 KiB
-in the worker so that freed tensors go back to the system and the resident set tracks live memory.
+On CPU: the peak resident set, in a fresh subprocess per point so that earlier points' allocations
+cannot hide this one's. The worker builds the subject (and a cls step's AdamW), runs the warm-up call
+(kernels, AdamW's state), frees the gradients, reads its resident set (the baseline), resets the
+high-water mark (``/proc/self/clear_refs``) and runs one call: ``peak`` is VmHWM, ``extra`` peak minus
+baseline (activations, gradients, temporaries). glibc's mmap threshold is pinned at 128 KiB, so that
+freed tensors go back to the system and the resident set tracks live memory.
 
-Running out of memory is a measured outcome, not a failure: it raises ``OutOfMemory`` (or torch's own
-error), which ``is_oom`` recognises, and the sweep records the point as OOM and goes on.
+Running out of memory is a measured outcome: it raises :class:`OutOfMemory` (or torch's own error),
+which :func:`is_oom` recognises, and the benchmark records the point as out of memory and goes on.
 """
 
-import argparse
+from __future__ import annotations
+
 import gc
 import json
 import os
@@ -26,31 +27,34 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import torch
-
-from .timing import inference_call, synchronize, training_step
-from .variants import INFER, TRAIN, build_variant, get_variant, random_batch
+from .subjects import get_subject, make_call
 
 MIB = 2**20
-_WARMUP_RESOLUTION = 64
+CPU_METHOD = "VmHWM after clear_refs, fresh subprocess"
+CUDA_METHOD = "torch.cuda.max_memory_allocated"
 
 
 class OutOfMemory(RuntimeError):
-    """A benchmark point ran out of memory (in a memory worker, or its worker was killed for it)."""
+    """A point ran out of memory (in a memory worker, or its worker was killed for it)."""
 
 
 def is_oom(error: BaseException) -> bool:
     """Whether ``error`` is an out-of-memory failure: CUDA's, the CPU allocator's, Python's, or a worker's."""
+    import torch
+
     if isinstance(error, (OutOfMemory, MemoryError, torch.OutOfMemoryError)):
         return True
-    text = str(error).lower()
-    # CUDA: "CUDA out of memory"; CPU allocator: "DefaultCPUAllocator: can't allocate memory: ..."
+    text = str(error).lower()  # CUDA: "out of memory"; CPU allocator: "can't allocate memory: ..."
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 @dataclass
 class MemoryReport:
-    """Peak memory of one call, in MiB: absolute peak, the baseline before the call, and the difference."""
+    """Peak memory of one call, in MiB: the peak, the baseline before the call, the difference, and how."""
 
     peak_mib: float
     baseline_mib: float
@@ -79,29 +83,13 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _step(variant_key: str, mode: str, resolution: int, batch: int, device: str, dtype: torch.dtype):
-    """Build the model for one point and return (warm-up call, measured call)."""
-    model = build_variant(get_variant(variant_key), resolution, device)
-    small, small_labels = random_batch(1, _WARMUP_RESOLUTION, device)
-    images, labels = random_batch(batch, resolution, device)
-    if mode == INFER:
-        return inference_call(model, small, dtype), inference_call(model, images, dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-    warm = training_step(model, small, small_labels, dtype, optimizer)
-    measured = training_step(model, images, labels, dtype, optimizer)
-
-    def warm_and_free() -> None:
-        warm()
-        optimizer.zero_grad(set_to_none=True)
-
-    return warm_and_free, measured
-
-
 def cuda_peak(call: Callable[[], Any], device: str) -> Tuple[int, int]:
     """(baseline, peak) allocated CUDA bytes around ``call()``: the peak counts only what ``call`` adds on top.
+    Frees collectable memory first, so that garbage of earlier calls is neither baseline nor peak."""
+    import torch
 
-    Frees collectable memory first, so that garbage of earlier calls is neither baseline nor peak.
-    """
+    from .timing import synchronize
+
     gc.collect()
     torch.cuda.empty_cache()
     synchronize(device)
@@ -112,55 +100,49 @@ def cuda_peak(call: Callable[[], Any], device: str) -> Tuple[int, int]:
     return baseline, torch.cuda.max_memory_allocated(device)
 
 
-def measure_cuda(
-    variant_key: str, mode: str, resolution: int, batch: int, device: str, dtype: torch.dtype
-) -> MemoryReport:
-    """Peak CUDA memory of one call, in this process."""
-    warm, call = _step(variant_key, mode, resolution, batch, device, dtype)
-    warm()
-    baseline, peak = cuda_peak(call, device)
-    return MemoryReport(peak / MIB, baseline / MIB, (peak - baseline) / MIB, "torch.cuda.max_memory_allocated")
+def _warm_and_measured(spec: Dict[str, Any], device: str) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """The warm-up call (then the gradients freed) and the measured call of one point, on one model."""
+    import torch
+
+    subject = get_subject(spec["suite"], spec["name"])
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    model = subject.build(spec["size"], device, **spec.get("build", {}))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05) if subject.optimizer else None
+    small, small_target = subject.inputs(1, subject.warmup, device)
+    args, target = subject.inputs(spec["batch"], spec["size"], device)
+    if subject.fixed_size:
+        warm = make_call(subject, subject.build(subject.warmup, device, **spec.get("build", {})), spec["mode"],
+                         small, small_target, dtype)
+    else:
+        warm = make_call(subject, model, spec["mode"], small, small_target, dtype, optimizer)
+    measured = make_call(subject, model, spec["mode"], args, target, dtype, optimizer)
+
+    def warm_and_free() -> None:
+        warm()
+        model.zero_grad(set_to_none=True)
+
+    return warm_and_free, measured
 
 
-def _measure_cpu_here(variant_key: str, mode: str, resolution: int, batch: int, dtype: torch.dtype) -> MemoryReport:
-    warm, call = _step(variant_key, mode, resolution, batch, "cpu", dtype)
+def _measure_cpu_here(spec: Dict[str, Any]) -> MemoryReport:
+    warm, call = _warm_and_measured(spec, "cpu")
     warm()
     gc.collect()
     baseline = _proc_status_kib("VmRSS")
-    method = "VmHWM after clear_refs, fresh subprocess"
-    if not _reset_peak_rss():
-        method = "VmHWM without reset (peak may include setup), fresh subprocess"
+    method = CPU_METHOD if _reset_peak_rss() else "VmHWM without reset (peak may include setup), fresh subprocess"
     call()
     peak = _proc_status_kib("VmHWM")
     return MemoryReport(peak / 1024, baseline / 1024, (peak - baseline) / 1024, method)
 
 
-def measure_cpu(
-    variant_key: str,
-    mode: str,
-    resolution: int,
-    batch: int,
-    dtype: torch.dtype = torch.float32,
-    threads: Optional[int] = None,
-    timeout_s: Optional[float] = None,
-) -> MemoryReport:
-    """Peak RSS of one call, measured in a fresh Python subprocess (see the module docstring)."""
-    spec = {
-        "variant": variant_key,
-        "mode": mode,
-        "resolution": resolution,
-        "batch": batch,
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": threads or torch.get_num_threads(),
-    }
+def measure_cpu(spec: Dict[str, Any], timeout_s: Optional[float] = None) -> MemoryReport:
+    """Peak RSS of one call, in a fresh Python subprocess (see the module docstring)."""
+    import torch
+
+    spec = {"threads": torch.get_num_threads(), **spec}
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
-    proc = subprocess.run(
-        [sys.executable, "-m", "weightformer.bench.memory", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout_s,
-    )
+    proc = subprocess.run([sys.executable, "-m", "weightformer.bench.memory", json.dumps(spec)],
+                          capture_output=True, text=True, env=env, timeout=timeout_s)
     if proc.returncode == -signal.SIGKILL:
         raise OutOfMemory(f"memory worker for {spec} was killed by SIGKILL, most likely by the out-of-memory killer")
     if proc.returncode != 0:
@@ -172,32 +154,29 @@ def measure_cpu(
     return MemoryReport(**document)
 
 
-def measure(
-    variant_key: str,
-    mode: str,
-    resolution: int,
-    batch: int,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    timeout_s: Optional[float] = None,
-) -> MemoryReport:
-    """Peak memory of one ``mode`` call ("infer" or "train"): CUDA allocator on GPU, subprocess RSS on CPU."""
-    if mode not in (INFER, TRAIN):
-        raise ValueError(f"mode must be {INFER!r} or {TRAIN!r}, got {mode!r}")
-    if torch.device(device).type == "cuda":
-        return measure_cuda(variant_key, mode, resolution, batch, device, dtype)
-    return measure_cpu(variant_key, mode, resolution, batch, dtype, timeout_s=timeout_s)
+def measure(suite: str, name: str, mode: str, size: Any, batch: int, device: str = "cpu", dtype: str = "float32",
+            timeout_s: Optional[float] = None, **build: Any) -> MemoryReport:
+    """Extra peak memory of one ``mode`` call ("infer" or "train") of subject ``name`` of ``suite`` at
+    ``size`` and ``batch``: the CUDA allocator on a GPU, a fresh subprocess's RSS on the CPU. ``build``
+    goes to the subject's builder (a dit's model overrides)."""
+    if mode not in ("infer", "train"):
+        raise ValueError(f"mode must be 'infer' or 'train', got {mode!r}")
+    spec = {"suite": suite, "name": name, "mode": mode, "size": size, "batch": batch, "dtype": dtype, "build": build}
+    if not str(device).startswith("cuda"):
+        return measure_cpu(spec, timeout_s)
+    warm, call = _warm_and_measured(spec, device)
+    warm()
+    baseline, peak = cuda_peak(call, device)
+    return MemoryReport(peak / MIB, baseline / MIB, (peak - baseline) / MIB, CUDA_METHOD)
 
 
 def _worker(argv: Optional[list] = None) -> None:
-    parser = argparse.ArgumentParser(description="Measure the peak RSS of one benchmark point (internal).")
-    parser.add_argument("spec", help="JSON: variant, mode, resolution, batch, dtype, threads")
-    spec = json.loads(parser.parse_args(argv).spec)
+    import torch
+
+    spec = json.loads((argv or sys.argv[1:])[0])
     torch.set_num_threads(spec["threads"])
     try:
-        report = _measure_cpu_here(
-            spec["variant"], spec["mode"], spec["resolution"], spec["batch"], getattr(torch, spec["dtype"])
-        )
+        report = _measure_cpu_here(spec)
     except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise

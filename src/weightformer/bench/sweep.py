@@ -1,16 +1,19 @@
-"""The benchmark sweep: every model at every resolution, timed round-robin, reported as medians and ratios.
+"""The classification sweep: every cls subject at every resolution, timed side by side, reported as
+medians and ratios against the DeiT of the same size, with FLOPs, parameters and extra peak memory.
 
-At each (resolution, mode) point the models are built side by side and timed in turn, one timed
-repetition each per round, so that drifts in machine load hit every model alike. A point is skipped
-(and recorded with the reason) when it is predicted to exceed the per-call time budget, from the
-FLOPs of the new point and the rate the same model reached at the previous resolution, or when it
-runs out of memory (status "oom": a measured outcome, the sweep goes on).
-
-With a journal (``points.jsonl`` in the output folder, see ``journal``), every point is appended as
-soon as it is measured, and a resumed sweep takes the points already there instead of measuring them.
+At each (resolution, mode) point the models are built and timed in interleaved rounds (:mod:`.timing`).
+A point is skipped (and recorded with the reason) when it is predicted to exceed the per-call time
+budget, from the FLOPs of the new point and the rate the same model reached at the previous
+resolution, or when it runs out of memory (status "oom": a measured outcome, the sweep goes on).
+With a journal (``points.jsonl``, :mod:`.journal`) every point is appended as soon as it is measured,
+and a resumed sweep takes the points already there instead of measuring them again.
 """
 
+from __future__ import annotations
+
+import csv
 import gc
+import io
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,35 +23,38 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 import torch
 
 from . import memory
+from .cli import (DTYPES, MEASUREMENTS, MODES, PATCH, SWEEP_FILES, check_choices, check_device, check_models,
+                  check_number, check_resolution)
 from .flops import count_flops
 from .journal import Journal, Key
-from .machine import machine_info
-from .memory import is_oom
-from .options import check_device, check_number  # shared by every bench command (re-exported here)
-from .settings import DTYPES, MEASUREMENTS, MODES, PATCH, check_choices, check_models, check_resolution
-from .timing import inference_call, iterations_for, median, round_robin, time_call, training_step
-from .variants import INFER, TRAIN, Variant, build_variant, get_variant, param_count, random_batch
+from .memory import first_line, is_oom
+from .results import describe, machine_info, provenance, write_results
+from .subjects import INFER, TRAIN, Subject, get_subject, param_count, prepare
+from .timing import iterations_for, median, side_by_side, time_call
 
 THROUGHPUT = {INFER: "infer_throughput", TRAIN: "train_throughput"}
 MEMORY = {INFER: "infer_memory", TRAIN: "train_memory"}
-# Row statuses besides "ok": not run (over the time budget, a worker timeout), or ran out of memory.
-SKIPPED, OOM = "skipped", "oom"
-# Order of the result rows: by resolution (as configured), then measurement, then model (as configured).
+SKIPPED, OOM = "skipped", "oom"  # row statuses besides "ok"
 ROW_ORDER = ("infer_throughput", "train_throughput", "infer_memory", "train_memory")
-# A training step (forward, backward, optimizer) costs about three forwards.
-TRAIN_COST = 3.0
-# A memory point is one call, so it may take longer than a timed point's call.
-MEMORY_BUDGET_FACTOR = 4.0
+TRAIN_COST = 3.0  # a training step (forward, backward, optimizer) costs about three forwards
+MEMORY_BUDGET_FACTOR = 4.0  # a memory point is one call, so it may take longer than a timed point's call
+MEMORY_METHODS = {
+    "cpu": "peak resident set (VmHWM after clear_refs) during the call minus the resident set before it, each "
+           "model in a fresh process warmed up by one call on a 64×64 image",
+    "cuda": "torch.cuda.max_memory_allocated during the call minus torch.cuda.memory_allocated before it, after "
+            "a warm-up call on a 64×64 image",
+}
+CSV_COLUMNS = ["model", "label", "resolution", "tokens", "batch", "measurement", "status", "value", "unit",
+               "ratio_vs_baseline", "baseline_model", "seconds_per_call", "iterations", "samples_s", "peak_mib",
+               "baseline_mib", "method", "params", "gmacs_per_image", "reason"]
 
 
 @dataclass
 class SweepConfig:
-    """What to measure. ``None`` for the train/memory resolutions means every resolution.
-
-    Memory is measured for each of ``memory_modes`` at the resolutions where that mode is timed (every
-    resolution for inference, ``train_resolutions`` for training), restricted to ``memory_resolutions``.
-    Every setting is checked on creation; a bad one raises ``ValueError`` naming the allowed values.
-    """
+    """What to measure; every setting checked on creation (a ConfigError naming the allowed values).
+    ``None`` for the train/memory resolutions means every resolution. Memory is measured for each of
+    ``memory_modes`` where that mode is timed (every resolution for inference, ``train_resolutions`` for
+    training), restricted to ``memory_resolutions``."""
 
     models: List[str]
     resolutions: List[int]
@@ -96,121 +102,67 @@ class SweepConfig:
             return "memory" in self.measurements and mode in self.memory_modes and timed and in_memory
         return measurement in self.measurements and timed
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
     def settings(self) -> Dict[str, Any]:
         """What every point depends on beyond its key: a journal measured otherwise is not resumed from."""
         info = machine_info(self.device)
-        return {
-            "device": self.device,
-            "dtype": self.dtype,
-            "repetitions": self.repetitions,
-            "min_rep_seconds": self.min_rep_seconds,
-            "max_call_seconds": self.max_call_seconds,
-            "threads": torch.get_num_threads(),
-            "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")},
-        }
+        return {"device": self.device, "dtype": self.dtype, "repetitions": self.repetitions,
+                "min_rep_seconds": self.min_rep_seconds, "max_call_seconds": self.max_call_seconds,
+                "threads": torch.get_num_threads(),
+                "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")}}
 
 
 def _release(device: str) -> None:
     gc.collect()
-    if torch.device(device).type == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.empty_cache()
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
+def _row(subject: Subject, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
     grid = -(-resolution // PATCH)
-    row = {
-        "model": variant.key,
-        "label": variant.label,
-        "family": variant.family,
-        "baseline_model": variant.baseline,
-        "resolution": resolution,
-        "tokens": grid * grid,
-        "batch": batch,
-        "measurement": measurement,
-        "status": "ok",
-        "value": None,
-        "unit": None,
-        "ratio_vs_baseline": None,
-        "seconds_per_call": None,
-        "samples_s": [],
-        "iterations": None,
-        "peak_mib": None,
-        "baseline_mib": None,
-        "method": None,
-        "reason": "",
-    }
-    row.update(fields)
-    return row
+    return {"model": subject.name, "label": subject.label, "family": subject.family,
+            "baseline_model": subject.baseline, "resolution": resolution, "tokens": grid * grid, "batch": batch,
+            "measurement": measurement, "status": "ok", "value": None, "unit": None, "ratio_vs_baseline": None,
+            "seconds_per_call": None, "samples_s": [], "iterations": None, "peak_mib": None, "baseline_mib": None,
+            "method": None, "reason": "", **fields}
 
 
-def planned_flops(variant: Variant, resolution: int) -> int:
-    """Per-image FLOPs of ``variant`` at ``resolution``, counted on the meta device (no compute, no memory)."""
-    model = build_variant(variant, resolution, "meta")
-    return count_flops(model, torch.empty(1, 3, resolution, resolution, device="meta")).flops
+def planned_flops(subject: Subject, resolution: int) -> int:
+    """Per-image FLOPs of ``subject`` at ``resolution``, counted on the meta device (no compute, no memory)."""
+    return count_flops(subject.build(resolution, "meta"), torch.empty(1, 3, resolution, resolution, device="meta")).flops
 
 
 T = TypeVar("T")
 
 
 class Sweep:
-    """Runs a ``SweepConfig`` and collects result rows; ``run`` returns the whole result document.
+    """Runs a ``SweepConfig``; ``run`` returns the whole result document. With ``journal`` (a
+    ``points.jsonl`` path) each point is appended there as it is measured; with ``resume`` as well, the
+    points already in it are taken from it instead of being measured again."""
 
-    With ``journal`` (a ``points.jsonl`` path) each point is appended there as it is measured; with
-    ``resume`` as well, the points already in it are taken from it instead of being measured again.
-    """
-
-    def __init__(
-        self,
-        config: SweepConfig,
-        log: Callable[[str], None] = print,
-        journal: Optional[Path] = None,
-        resume: bool = False,
-        command: Optional[str] = None,
-    ):
-        self.config = config
-        self.command = command  # the command line recorded with the machine (default: this process's)
-        self.log = log
-        self.journal_path = journal
-        self.resume = resume
+    def __init__(self, config: SweepConfig, log: Callable[[str], None] = print, journal: Optional[Path] = None,
+                 resume: bool = False, command: Optional[str] = None):
+        self.config, self.log, self.command = config, log, command
+        self.journal_path, self.resume = journal, resume
         self.journal: Optional[Journal] = None
         self.rows: List[Dict[str, Any]] = []
         self.flops: List[Dict[str, Any]] = []
-        self.measured = 0  # points measured by this run
-        self.reused = 0  # points taken from the journal
-        # (model, mode) -> FLOP/s reached at the last measured point, for predicting the next one.
-        self.rates: Dict[Tuple[str, str], float] = {}
+        self.measured = self.reused = 0  # points measured by this run / taken from the journal
+        self.rates: Dict[Tuple[str, str], float] = {}  # (model, mode) -> FLOP/s at the last measured point
 
-    # ---------------------------------------------------------------------------------------------
-    # planning
-    # ---------------------------------------------------------------------------------------------
-    def _predicted_seconds(self, variant: Variant, mode: str, flops_per_call: float) -> Optional[float]:
-        """Seconds one call should take, from the FLOP rate the model reached last; None if never measured."""
-        rate = self.rates.get((variant.key, mode))
-        if rate is not None:
-            return flops_per_call / rate
-        # Fall back on the model's inference rate (checkpointed variants: that of the plain variant).
-        rate = self.rates.get((variant.key.removesuffix("-ckpt"), INFER))
+    # planning ------------------------------------------------------------------------------------
+    def _over_budget(self, subject: Subject, mode: str, flops_per_call: float, budget: float) -> Optional[str]:
+        """Why a call of ``flops_per_call`` is predicted over ``budget``, from the FLOP rate the model reached
+        last (else its inference rate; checkpointed variants: that of the plain variant); None if it is not."""
+        rate, factor = self.rates.get((subject.name, mode)), 1.0
         if rate is None:
-            return None
-        return flops_per_call / rate * (TRAIN_COST if mode == TRAIN else 1.0)
-
-    def _over_budget(self, variant: Variant, mode: str, flops_per_call: float, budget: float) -> Optional[str]:
-        predicted = self._predicted_seconds(variant, mode, flops_per_call)
+            rate = self.rates.get((subject.name.removesuffix("-ckpt"), INFER))
+            factor = TRAIN_COST if mode == TRAIN else 1.0
+        predicted = None if rate is None else flops_per_call / rate * factor
         if predicted is not None and predicted > budget:
             return f"predicted {predicted:.1f} s per call exceeds the {budget:g} s budget"
         return None
 
-    # ---------------------------------------------------------------------------------------------
-    # recording: every point goes to the rows (or FLOP table) and, at once, to the journal
-    # ---------------------------------------------------------------------------------------------
+    # recording: every point goes to the rows (or FLOP table) and, at once, to the journal ----------
     def _save(self, key: Key, record: Dict[str, Any]) -> None:
         self.measured += 1
         if self.journal is not None:
@@ -222,14 +174,14 @@ class Sweep:
             self.rates[(row["model"], rate[0])] = rate[1]
         self._save((row["model"], row["resolution"], row["batch"], row["measurement"]), {"row": row, "rate": rate})
 
-    def _skip(self, variant: Variant, resolution: int, batch: int, measurement: str, status: str, reason: str) -> None:
-        what = "out of memory" if status == OOM else "skip"
-        self.log(f"  {what}: {variant.key} {measurement} {resolution}px: {reason}")
-        self._record(_row(variant, resolution, batch, measurement, status=status, reason=reason))
+    def _skip(self, subject: Subject, resolution: int, batch: int, measurement: str, status: str, reason: str) -> None:
+        self.log(f"  {'out of memory' if status == OOM else 'skip'}: {subject.name} {measurement} {resolution}px: "
+                 f"{reason}")
+        self._record(_row(subject, resolution, batch, measurement, status=status, reason=reason))
 
-    def _reuse(self, variant: Variant, resolution: int, batch: int, measurement: str) -> bool:
+    def _reuse(self, subject: Subject, resolution: int, batch: int, measurement: str) -> bool:
         """Take the point from the journal if it is there; True if it was."""
-        entry = self.journal.get((variant.key, resolution, batch, measurement)) if self.journal else None
+        entry = self.journal.get((subject.name, resolution, batch, measurement)) if self.journal else None
         if entry is None:
             return False
         if "flops" in entry:
@@ -238,7 +190,7 @@ class Sweep:
             self.rows.append(entry["row"])
             if entry.get("rate"):
                 mode, rate = entry["rate"]
-                self.rates[(variant.key, mode)] = rate
+                self.rates[(subject.name, mode)] = rate
         self.reused += 1
         return True
 
@@ -249,39 +201,29 @@ class Sweep:
         except (RuntimeError, MemoryError) as error:
             if not is_oom(error):
                 raise
-            reason = f"out of memory: {_first_line(error)}"
+            reason = f"out of memory: {first_line(error)}"
         _release(self.config.device)  # outside the handler, so that the error's frames no longer hold tensors
         return None, reason
 
-    # ---------------------------------------------------------------------------------------------
-    # measurement
-    # ---------------------------------------------------------------------------------------------
-    def _prepare_call(
-        self, variant: Variant, resolution: int, batch: int, mode: str
-    ) -> Tuple[Callable[[], None], float]:
+    # measurement ---------------------------------------------------------------------------------
+    def _prepare_call(self, subject: Subject, resolution: int, batch: int, mode: str) -> Tuple[Callable, float]:
         """The point's callable (model and batch built) and the seconds of its warm-up call."""
         cfg = self.config
-        model = build_variant(variant, resolution, cfg.device)
-        images, labels = random_batch(batch, resolution, cfg.device)
-        if mode == INFER:
-            fn = inference_call(model, images, cfg.torch_dtype)
-        else:
-            fn = training_step(model, images, labels, cfg.torch_dtype)
+        fn = prepare(subject, mode, resolution, batch, cfg.device, getattr(torch, cfg.dtype))
         return fn, time_call(fn, cfg.device)
 
-    def _timed_point(self, resolution: int, mode: str, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
+    def _timed_point(self, resolution: int, mode: str, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
         cfg = self.config
-        batch = cfg.batch_for(resolution)
-        measurement = THROUGHPUT[mode]
+        batch, measurement = cfg.batch_for(resolution), THROUGHPUT[mode]
         calls: Dict[str, Callable[[], None]] = {}
         iterations: Dict[str, int] = {}
-        for variant in variants:
-            if self._reuse(variant, resolution, batch, measurement):
+        for subject in subjects:
+            if self._reuse(subject, resolution, batch, measurement):
                 continue
-            status, reason = SKIPPED, self._over_budget(variant, mode, plan[variant.key] * batch, cfg.max_call_seconds)
+            status, reason = SKIPPED, self._over_budget(subject, mode, plan[subject.name] * batch, cfg.max_call_seconds)
             prepared = None
             if reason is None:
-                prepared, reason = self._guarded(lambda: self._prepare_call(variant, resolution, batch, mode))
+                prepared, reason = self._guarded(lambda: self._prepare_call(subject, resolution, batch, mode))
                 status = OOM
             if prepared is not None:
                 fn, warm = prepared
@@ -289,89 +231,76 @@ class Sweep:
                     status = SKIPPED
                     reason = f"warm-up call took {warm:.1f} s, over twice the {cfg.max_call_seconds:g} s budget"
                 else:
-                    calls[variant.key] = fn
-                    iterations[variant.key] = iterations_for(warm, cfg.min_rep_seconds)
+                    calls[subject.name] = fn
+                    iterations[subject.name] = iterations_for(warm, cfg.min_rep_seconds)
             if reason is not None:
-                self._skip(variant, resolution, batch, measurement, status, reason)
-        samples = round_robin(calls, cfg.repetitions, cfg.device, iterations)
-        for variant in variants:
-            if variant.key not in calls:
+                self._skip(subject, resolution, batch, measurement, status, reason)
+        samples = side_by_side(calls, cfg.repetitions, cfg.device, iterations)
+        for subject in subjects:
+            if subject.name not in calls:
                 continue
-            seconds = median(samples[variant.key])
-            self.log(f"  {variant.key:16s} {mode} {resolution}px b{batch}: {batch / seconds:8.2f} img/s")
-            fields = dict(seconds_per_call=seconds, samples_s=samples[variant.key], iterations=iterations[variant.key])
-            row = _row(variant, resolution, batch, measurement, value=batch / seconds, unit="img/s", **fields)
-            self._record(row, rate=(mode, plan[variant.key] * batch / seconds))
+            seconds = median(samples[subject.name])
+            self.log(f"  {subject.name:16s} {mode} {resolution}px b{batch}: {batch / seconds:8.2f} img/s")
+            row = _row(subject, resolution, batch, measurement, value=batch / seconds, unit="img/s",
+                       seconds_per_call=seconds, samples_s=samples[subject.name], iterations=iterations[subject.name])
+            self._record(row, rate=(mode, plan[subject.name] * batch / seconds))
         calls.clear()
         _release(cfg.device)
 
-    def _count(self, variant: Variant, resolution: int, where: str) -> Dict[str, Any]:
-        model = build_variant(variant, resolution, where)
+    def _count(self, subject: Subject, resolution: int, where: str) -> Dict[str, Any]:
+        model = subject.build(resolution, where)
         report = count_flops(model, torch.randn(1, 3, resolution, resolution).to(where))
-        entry = {"model": variant.key, "resolution": resolution, "params": param_count(model)}
-        entry.update(report.as_dict(), counted_on=where)
-        return entry
+        return {"model": subject.name, "resolution": resolution, "params": param_count(model), "flops": report.flops,
+                "macs": report.macs, "ops": report.ops, "counted_on": where}
 
-    def _flops_point(self, resolution: int, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
+    def _flops_point(self, resolution: int, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
         cfg = self.config
-        for variant in variants:
-            if variant.grad_checkpointing:
-                continue  # same forward as the variant without checkpointing
-            if self._reuse(variant, resolution, 1, "flops"):
-                continue
+        for subject in subjects:
+            if subject.name.endswith("-ckpt") or self._reuse(subject, resolution, 1, "flops"):
+                continue  # checkpointing: the same forward as the variant without it
             # Counting runs one forward; past the budget, count on the meta device instead (same ops, no data).
-            too_slow = self._over_budget(variant, INFER, plan[variant.key], cfg.max_call_seconds) is not None
-            entry, _ = (None, None) if too_slow else self._guarded(lambda: self._count(variant, resolution, cfg.device))
+            too_slow = self._over_budget(subject, INFER, plan[subject.name], cfg.max_call_seconds) is not None
+            entry, _ = (None, None) if too_slow else self._guarded(lambda: self._count(subject, resolution, cfg.device))
             if entry is None:  # too slow, or out of memory on the device
-                entry = self._count(variant, resolution, "meta")
+                entry = self._count(subject, resolution, "meta")
             self.flops.append(entry)
-            self._save((variant.key, resolution, 1, "flops"), {"flops": entry})
+            self._save((subject.name, resolution, 1, "flops"), {"flops": entry})
             _release(cfg.device)
 
-    def _memory_point(self, resolution: int, mode: str, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
+    def _memory_point(self, resolution: int, mode: str, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
         cfg = self.config
-        batch = cfg.batch_for(resolution)
-        measurement = MEMORY[mode]
+        batch, measurement = cfg.batch_for(resolution), MEMORY[mode]
         budget = MEMORY_BUDGET_FACTOR * cfg.max_call_seconds
-        for variant in variants:
-            if self._reuse(variant, resolution, batch, measurement):
+        for subject in subjects:
+            if self._reuse(subject, resolution, batch, measurement):
                 continue
-            status, reason = SKIPPED, self._over_budget(variant, mode, plan[variant.key] * batch, budget)
+            status, reason = SKIPPED, self._over_budget(subject, mode, plan[subject.name] * batch, budget)
             report = None
             if reason is None:
                 try:
-                    report, reason = self._guarded(
-                        lambda: memory.measure(
-                            variant.key, mode, resolution, batch, cfg.device, cfg.torch_dtype, timeout_s=4 * budget + 60
-                        )
-                    )
+                    report, reason = self._guarded(lambda: memory.measure(
+                        "cls", subject.name, mode, resolution, batch, cfg.device, cfg.dtype, timeout_s=4 * budget + 60))
                     status = OOM
                 except subprocess.TimeoutExpired as error:
                     reason = f"memory worker ran past its {error.timeout:.0f} s timeout"
             if report is None:
-                self._skip(variant, resolution, batch, measurement, status, reason or "")
+                self._skip(subject, resolution, batch, measurement, status, reason or "")
                 continue
-            self.log(f"  {variant.key:16s} {mode} memory {resolution}px b{batch}: {report.extra_mib:8.1f} MiB extra")
-            fields = dict(peak_mib=report.peak_mib, baseline_mib=report.baseline_mib, method=report.method)
-            row = _row(variant, resolution, batch, measurement, value=report.extra_mib, unit="MiB", **fields)
-            self._record(row)
+            self.log(f"  {subject.name:16s} {mode} memory {resolution}px b{batch}: {report.extra_mib:8.1f} MiB extra")
+            self._record(_row(subject, resolution, batch, measurement, value=report.extra_mib, unit="MiB",
+                              peak_mib=report.peak_mib, baseline_mib=report.baseline_mib, method=report.method))
 
-    # ---------------------------------------------------------------------------------------------
-    # the sweep
-    # ---------------------------------------------------------------------------------------------
+    # the sweep -----------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         """Measure everything in the config; return {machine, config, rows, flops, elapsed_s, points_*}.
-
         Raises ``journal.JournalMismatch`` before measuring anything if asked to resume from a journal
-        measured with other settings.
-        """
-        cfg = self.config
+        measured with other settings."""
         threads = torch.get_num_threads()
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
         try:
             if self.journal_path is not None:
-                self.journal = Journal(self.journal_path, cfg.settings(), resume=self.resume)
+                self.journal = Journal(self.journal_path, self.config.settings(), resume=self.resume)
                 if self.journal.entries:
                     self.log(f"resuming: {len(self.journal.entries)} point(s) already in {self.journal_path}")
                 elif self.journal.discarded:
@@ -385,43 +314,35 @@ class Sweep:
         cfg = self.config
         machine = machine_info(cfg.device, self.command)  # at the start: the load average the sweep began under
         start = time.perf_counter()
-        variants = [get_variant(key) for key in cfg.models]
+        subjects = [get_subject("cls", key) for key in cfg.models]
         for resolution in cfg.resolutions:
             self.log(f"resolution {resolution}px, batch {cfg.batch_for(resolution)}")
-            plan = {v.key: planned_flops(v, resolution) for v in variants}
+            plan = {s.name: planned_flops(s, resolution) for s in subjects}
             if cfg.measures("infer", INFER, resolution):
-                self._timed_point(resolution, INFER, [v for v in variants if INFER in v.modes], plan)
+                self._timed_point(resolution, INFER, [s for s in subjects if INFER in s.modes], plan)
             if "flops" in cfg.measurements:
-                self._flops_point(resolution, variants, plan)
+                self._flops_point(resolution, subjects, plan)
             if cfg.measures("train", TRAIN, resolution):
-                self._timed_point(resolution, TRAIN, [v for v in variants if TRAIN in v.modes], plan)
+                self._timed_point(resolution, TRAIN, [s for s in subjects if TRAIN in s.modes], plan)
             for mode in MODES:
                 if cfg.measures("memory", mode, resolution):
-                    self._memory_point(resolution, mode, [v for v in variants if mode in v.modes], plan)
+                    self._memory_point(resolution, mode, [s for s in subjects if mode in s.modes], plan)
         # One order whichever points came from the journal: resolution, measurement, model, as configured.
-        self.rows.sort(
-            key=lambda r: (
-                cfg.resolutions.index(r["resolution"]), ROW_ORDER.index(r["measurement"]), cfg.models.index(r["model"])
-            )
-        )
+        self.rows.sort(key=lambda r: (cfg.resolutions.index(r["resolution"]), ROW_ORDER.index(r["measurement"]),
+                                      cfg.models.index(r["model"])))
         attach_ratios(self.rows)
-        attach_flops(self.rows, self.flops)
-        return {
-            "machine": machine,
-            "config": asdict(cfg),
-            "elapsed_s": round(time.perf_counter() - start, 1),
-            "points_measured": self.measured,
-            "points_reused": self.reused,
-            "rows": self.rows,
-            "flops": self.flops,
-        }
+        flops = {(f["model"], f["resolution"]): f for f in self.flops}
+        for row in self.rows:  # params and GMACs per image (the same for checkpointed variants)
+            entry = flops.get((row["model"].removesuffix("-ckpt"), row["resolution"]))
+            row["params"] = entry["params"] if entry else None
+            row["gmacs_per_image"] = entry["macs"] / 1e9 if entry else None
+        return {"machine": machine, "config": asdict(cfg), "elapsed_s": round(time.perf_counter() - start, 1),
+                "points_measured": self.measured, "points_reused": self.reused, "rows": self.rows, "flops": self.flops}
 
 
 def attach_ratios(rows: List[Dict[str, Any]]) -> None:
-    """Set each ok row's ``ratio_vs_baseline``: its median over its baseline model's, at the same point.
-
-    For throughput the ratio above 1 means faster than the baseline; for memory, below 1 means less.
-    """
+    """Set each ok row's ``ratio_vs_baseline``: its median over its baseline model's, at the same point
+    (throughput: above 1 is faster than the baseline; memory: below 1 is less)."""
     index = {(r["model"], r["resolution"], r["batch"], r["measurement"]): r for r in rows if r["status"] == "ok"}
     for row in rows:
         base = index.get((row["baseline_model"], row["resolution"], row["batch"], row["measurement"]))
@@ -429,11 +350,114 @@ def attach_ratios(rows: List[Dict[str, Any]]) -> None:
             row["ratio_vs_baseline"] = row["value"] / base["value"]
 
 
-def attach_flops(rows: List[Dict[str, Any]], flops: List[Dict[str, Any]]) -> None:
-    """Copy params and per-image GMACs from the FLOP table into each row (the same for checkpointed variants)."""
-    index = {(f["model"], f["resolution"]): f for f in flops}
-    for row in rows:
-        key = row["model"].removesuffix("-ckpt")
-        entry = index.get((key, row["resolution"]))
-        row["params"] = entry["params"] if entry else None
-        row["gmacs_per_image"] = entry["macs"] / 1e9 if entry else None
+# ------------------------------------------------------------------------------------------- the files
+def _cell(row: Optional[Dict[str, Any]], digits: int) -> str:
+    if row is None:
+        return "—"
+    if row["status"] != "ok":
+        return "OOM" if row["status"] == "oom" else "skipped"
+    text = f"{row['value']:.{digits}f}"
+    if row["ratio_vs_baseline"] is not None and row["model"] != row["baseline_model"]:
+        text += f" ({row['ratio_vs_baseline']:.2f}×)"
+    return text
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+    """A Markdown table per resolution: params, GMACs, throughputs and extra peak memory, with ratios vs DeiT."""
+    rows: List[Dict[str, Any]] = result["rows"]
+    index = {(r["model"], r["resolution"], r["measurement"]): r for r in rows}
+    flops = {(f["model"], f["resolution"]): f for f in result.get("flops", [])}
+    models = list(dict.fromkeys(r["model"] for r in rows)) or list(dict.fromkeys(m for m, _ in flops))
+    labels = {r["model"]: r["label"] for r in rows}
+    where = "cuda" if str(result["config"]["device"]).startswith("cuda") else "cpu"
+    header = "peak RSS" if where == "cpu" else "CUDA max allocated"
+    lines = [provenance(result["machine"]), "",
+             f"{result['config']['dtype']}. Throughput in images/s (higher is better). Memory in MiB (lower is better) "
+             f"is the extra peak of one call (one forward, or one training step) over a warmed-up process: "
+             f"{MEMORY_METHODS[where]}. Ratios in brackets are against the DeiT of the same size with fused "
+             "attention, at the same point. GMACs per image include attention matmuls.", ""]
+    for res in sorted({r["resolution"] for r in rows} | {res for _, res in flops}):
+        batch = next((r["batch"] for r in rows if r["resolution"] == res), 1)
+        lines += [f"### {res}×{res} (batch {batch})", "",
+                  f"| Model | Params (M) | GMACs | Inference img/s | Training img/s "
+                  f"| Inference memory (MiB, {header}) | Training memory (MiB, {header}) |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for model in models:
+            cells = [index.get((model, res, m)) for m in ROW_ORDER]
+            entry = flops.get((model.removesuffix("-ckpt"), res))
+            if entry is None and all(c is None for c in cells):
+                continue
+            params = f"{entry['params'] / 1e6:.2f}" if entry else "—"
+            gmacs = f"{entry['macs'] / 1e9:.2f}" if entry else "—"
+            lines.append(f"| {labels.get(model, model)} | {params} | {gmacs} | {_cell(cells[0], 2)} | "
+                         f"{_cell(cells[1], 2)} | {_cell(cells[2], 0)} | {_cell(cells[3], 0)} |")
+        lines.append("")
+    skipped = [r for r in rows if r["status"] != "ok"]
+    if skipped:
+        lines += ["Points skipped or out of memory (OOM):", ""]
+        lines += [f"- {r['label']}, {r['measurement']}, {r['resolution']}px: "
+                  f"{'OOM, ' if r['status'] == 'oom' else ''}{r['reason']}" for r in skipped]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def csv_text(result: Dict[str, Any]) -> str:
+    """One line per (model, resolution, batch, measurement); the machine is named in a leading comment."""
+    f = io.StringIO(newline="")
+    command = result["machine"].get("command")
+    f.write(f"# machine: {describe(result['machine'])}" + (f"; command: {command}" if command else "") + "\n")
+    writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for row in result["rows"]:
+        writer.writerow({**row, "samples_s": ";".join(f"{s:.6g}" for s in row["samples_s"])})
+    return f.getvalue()
+
+
+def plot_scaling(result: Dict[str, Any]) -> bytes:
+    """The scaling figure (PNG): inference throughput and peak memory against resolution, log-log; memory
+    is the training step's extra peak where measured, else the inference call's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["status"] == "ok"]
+    memory_kind = "train_memory" if any(r["measurement"] == "train_memory" for r in rows) else "infer_memory"
+    panels = [("infer_throughput", "inference throughput (img/s)"),
+              (memory_kind, f"{'training step' if memory_kind == 'train_memory' else 'inference'} extra peak "
+                            f"memory (MiB)")]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (measurement, ylabel) in zip(axes, panels):
+        for i, model in enumerate(models):  # one colour per model across both panels; WeightFormer solid, DeiT dashed
+            points = sorted((r["resolution"], r["value"]) for r in rows
+                            if r["model"] == model and r["measurement"] == measurement)
+            if points:
+                label = next(r["label"] for r in rows if r["model"] == model)
+                ax.plot(*zip(*points), "-" if model.startswith("wf") else "--", color=f"C{i % 10}", marker="o",
+                        label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        resolutions = sorted({r["resolution"] for r in rows})
+        if resolutions:  # batch sizes differ between resolutions, and memory is per call: name the batch too
+            batch_of = {r["resolution"]: r["batch"] for r in rows}
+            ax.set_xticks(resolutions)
+            ax.set_xticklabels([f"{r}\nbatch {batch_of[r]}" for r in resolutions])
+            ax.minorticks_off()
+        ax.set_xlabel("resolution (px per side)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{describe(result['machine'])}, {result['config']['dtype']}", fontsize=9)
+    fig.tight_layout()
+    image = io.BytesIO()
+    fig.savefig(image, dpi=120, format="png")
+    plt.close(fig)
+    return image.getvalue()
+
+
+def write_all(result: Dict[str, Any], out_dir: Path) -> List[Path]:
+    """results.json, results.csv, results.md and scaling.png under ``out_dir``; returns the paths."""
+    contents = (result, csv_text(result), markdown_table(result), lambda: plot_scaling(result))
+    return write_results(out_dir, dict(zip(SWEEP_FILES, contents)))

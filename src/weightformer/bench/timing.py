@@ -1,68 +1,28 @@
-"""Timing primitives: one inference call, one training step (forward, backward, AdamW), a GEMM reference.
+"""The side-by-side timer: callables timed in interleaved rounds, one timed repetition of each per
+round, so that drifts in machine load hit all of them alike; medians over the rounds.
 
-Every timed callable synchronises the device before the clock stops, so that asynchronous CUDA work
-is inside the measurement.
+Every timed call synchronises the device before the clock stops, so asynchronous CUDA work is inside
+the measurement. The first call of each callable (the warm-up) is its caller's: :func:`time_call`
+once, whose result also tells how many back-to-back calls fill a repetition (:func:`iterations_for`).
 """
 
-import contextlib
+from __future__ import annotations
+
 import math
 import statistics
 import time
-from typing import Callable, ContextManager, Dict, List, Optional, Sequence
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-def autocast_context(device: str, dtype: torch.dtype) -> ContextManager:
-    """Autocast to ``dtype`` on ``device``, or nothing for fp32."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 
 def synchronize(device: str) -> None:
     """Wait for queued work on ``device`` (a no-op on CPU)."""
-    if torch.device(device).type == "cuda":
+    if str(device).startswith("cuda"):
+        import torch
+
         torch.cuda.synchronize(device)
 
 
-def inference_call(model: nn.Module, images: torch.Tensor, dtype: torch.dtype = torch.float32) -> Callable[[], None]:
-    """A callable running one forward pass of ``model`` in eval and inference mode."""
-    model.eval()
-    device = str(images.device)
-
-    def call() -> None:
-        with torch.inference_mode(), autocast_context(device, dtype):
-            model(images)
-
-    return call
-
-
-def training_step(
-    model: nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    dtype: torch.dtype = torch.float32,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-) -> Callable[[], None]:
-    """A callable running one training step: zero grads, forward, cross-entropy, backward, AdamW step."""
-    model.train()
-    device = str(images.device)
-    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast_context(device, dtype):
-            loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def time_call(fn: Callable[[], None], device: str, iterations: int = 1) -> float:
+def time_call(fn: Callable[[], object], device: str = "cpu", iterations: int = 1) -> float:
     """Seconds per call of ``fn``, averaged over ``iterations`` back-to-back calls."""
     synchronize(device)
     start = time.perf_counter()
@@ -77,54 +37,19 @@ def iterations_for(seconds_per_call: float, min_seconds: float) -> int:
     return max(1, math.ceil(min_seconds / max(seconds_per_call, 1e-9)))
 
 
-def round_robin(
-    calls: Dict[str, Callable[[], None]], repetitions: int, device: str, iterations: Dict[str, int]
-) -> Dict[str, List[float]]:
-    """Seconds per call of each callable, ``repetitions`` rounds, every callable timed once per round.
-
-    Alternating spreads drifts in machine load over all callables instead of biasing whichever ran last.
-    """
+def side_by_side(calls: Mapping[str, Callable[[], object]], repetitions: int, device: str = "cpu",
+                 iterations: Optional[Mapping[str, int]] = None) -> Dict[str, List[float]]:
+    """Seconds per call of each callable: ``repetitions`` rounds, every callable timed once per round
+    (``iterations[key]`` back-to-back calls, default 1)."""
     samples: Dict[str, List[float]] = {key: [] for key in calls}
     for _ in range(repetitions):
         for key, fn in calls.items():
-            samples[key].append(time_call(fn, device, iterations.get(key, 1)))
+            samples[key].append(time_call(fn, device, (iterations or {}).get(key, 1)))
     return samples
 
 
 def median(values: Sequence[float]) -> float:
-    """The median of ``values``; raises ``ValueError`` on an empty sequence."""
+    """The median of ``values``; ``ValueError`` on an empty sequence."""
     if not values:
         raise ValueError("median of an empty sequence; measure at least one repetition")
     return float(statistics.median(values))
-
-
-def gemm_call(size: int = 2048, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Callable[[], None]:
-    """A callable multiplying two ``size``×``size`` matrices; it does 2·size³ FLOPs."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=gen).to(device=device, dtype=dtype)
-    b = torch.randn(size, size, generator=gen).to(device=device, dtype=dtype)
-    out = torch.empty(size, size, device=device, dtype=dtype)
-
-    def call() -> None:
-        torch.mm(a, b, out=out)
-
-    return call
-
-
-def paired_rates(
-    first: Callable[[], None],
-    first_flops: float,
-    second: Callable[[], None],
-    second_flops: float,
-    device: str,
-    pairs: int = 5,
-    min_seconds: float = 0.5,
-) -> List[List[float]]:
-    """GFLOP/s of two callables timed in alternation: ``pairs`` × [first, second], after one warm-up each."""
-    calls = [(first, first_flops), (second, second_flops)]
-    iters = [iterations_for(time_call(fn, device), min_seconds) for fn, _ in calls]
-    rates: List[List[float]] = [[], []]
-    for _ in range(pairs):
-        for i, (fn, flops) in enumerate(calls):
-            rates[i].append(flops / time_call(fn, device, iters[i]) / 1e9)
-    return rates

@@ -1,7 +1,7 @@
 """Train the probe-size DeiT on ``glyph_match`` with a plain PyTorch loop, sharing no code with our
 engine (only the probe generator): a check that DeiT's failure on the probe is not our loop's.
 
-    OMP_NUM_THREADS=1 python benchmarks/probe_deit_plain_loop.py --lr 3e-4 --pool avg --epochs 12
+    OMP_NUM_THREADS=1 python benchmarks/examples/probe_deit_plain_loop.py --lr 3e-4 --pool avg --epochs 12
 
 The model is timm's ``deit_tiny_patch16_224`` at 64 px, patch 4, 64-d, 4 blocks, 4 heads (the
 issue's probe size); Adam at a constant rate, no weight decay, batch 64, no augmentation. Prints the

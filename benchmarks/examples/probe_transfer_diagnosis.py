@@ -12,7 +12,7 @@ to ``--size`` px (weightformer.analysis.transfer.insert_background, layouts ``be
    its median norm on the images (at the small and the large size), and ``unit_change`` = the median
    relative change of unit(core) from the small to the large canvas.
 
-    python benchmarks/probe_transfer_diagnosis.py CKPT [CKPT ...] --out benchmarks/results/probes/transfer_diagnosis.json
+    python benchmarks/examples/probe_transfer_diagnosis.py CKPT [CKPT ...] --out benchmarks/results/probes/transfer_diagnosis.json
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = [diagnose(path, args.size, args.num) for path in args.checkpoints]
-    Path(args.out).write_text(json.dumps({"command": "python benchmarks/probe_transfer_diagnosis.py "
+    Path(args.out).write_text(json.dumps({"command": "python benchmarks/examples/probe_transfer_diagnosis.py "
                                           + " ".join(args.checkpoints) + f" --size {args.size} --num {args.num}",
                                           "results": results}, indent=2) + "\n")
     for result in results:

@@ -2,9 +2,9 @@
 released backbone, the long-range design, its predictor at the released placement and the attention
 baseline, at one budget and several seeds; then a table of scores and costs.
 
-    python benchmarks/long_range_tasks.py                    # every run not done yet, then the tables
-    python benchmarks/long_range_tasks.py --tasks seg --seeds 0 1 2 --jobs 2
-    python benchmarks/long_range_tasks.py --table-only       # the tables from the runs on disk
+    python benchmarks/examples/long_range_tasks.py                    # every run not done yet, then the tables
+    python benchmarks/examples/long_range_tasks.py --tasks seg --seeds 0 1 2 --jobs 2
+    python benchmarks/examples/long_range_tasks.py --table-only       # the tables from the runs on disk
 
 Each run is the task's own command line (``weightformer det|seg|gen train`` on its offline data with the
 offline recipe, ``--epochs`` set to this benchmark's budget), printed as it starts and kept in the
@@ -16,15 +16,15 @@ a finished ``last.pt`` is not run again. Variants:
 - ``released_placement``: ``--model-kwargs linear_predictor=P`` with P the long-range design's predictor
   (``LONG_RANGE_ARGS``): the predictor at the released placement (blocks 1, 4, 7, ... dynamic), so
   placement and predictor can be told apart;
-- ``long_range_centered``: ``--long-range --model-kwargs linear_predictor=centered``: the long-range design
-  as it was before the resolution-transfer fix (docs/analysis.md §5), every block dynamic with ``centered``;
+- ``long_range_centered``: ``--long-range --model-kwargs linear_predictor=centered``: every block dynamic
+  with the ``centered`` predictor (docs/analysis.md §5, resolution transfer);
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels, the
   recipe's other model settings.
 
 Scores are the last epoch's (the budget is the same for all): bbox/segm mAP, mIoU; for generation the
 samples of ``weightformer gen sample`` (20 per class, DDIM 50 steps, cfg 4, seed 0) scored by
 ``weightformer gen eval`` (the judge's class accuracy and judge_fd). Costs, measured here after the runs
-on randomly initialised copies of each model, one thread: parameters, GMACs per image (the backbone's for
+on each variant's first model, one thread: parameters, GMACs per image (the backbone's for
 det and seg, whose heads are the same for all variants; the whole denoiser for gen; attention's matmuls
 counted) and inference images per second (batches of 8, median of 7 timed calls after 2 warm-ups, with
 attention fused where timm fuses it).
@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "long_range"
 VARIANTS = ("released", "long_range", "released_placement", "long_range_centered", "attention")
 # The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
@@ -54,13 +54,18 @@ HEAD_CHANNELS = 32  # the attention baselines' channels per head
 BATCH = 8  # images per timed inference call
 
 
+TASKS = {"det": "detection", "seg": "segmentation", "gen": "generation"}
+
+
 def _recipe_kwargs(task: str) -> dict[str, Any]:
-    """The offline recipe's model, model_kwargs (the backbone's) and img_size."""
+    """The offline recipe's model, model_kwargs and img_size, as ``weightformer TASK train`` resolves them."""
+    from weightformer.engine.cli import build_parser, train_overrides
+    from weightformer.engine.loop import prepare_config
     from weightformer.engine.registry import get_task
 
-    name = {"det": "detection", "seg": "segmentation", "gen": "generation"}[task]
-    values = get_task(name).recipes()[0].values  # each task lists its offline recipe first
-    return {"model": values["model"], "model_kwargs": dict(values["model_kwargs"]), "img_size": values["img_size"]}
+    owner = get_task(TASKS[task])
+    cfg = prepare_config(train_overrides(build_parser(owner).parse_args(["train"]), owner), task=owner).cfg
+    return {"model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), "img_size": cfg.img_size}
 
 
 def _kwargs_flags(kwargs: dict[str, Any]) -> list[str]:
@@ -165,35 +170,31 @@ def scores(task: str, run: Path) -> dict[str, Any]:
 
 
 def cost(task: str, run: Path) -> dict[str, Any]:
-    """Parameters, GMACs per image and inference images/s of the run's model, freshly initialised."""
+    """Parameters, GMACs per image (attention counted) and inference images/s (batches of BATCH, median of
+    7 timed calls after 2 warm-ups, attention as it runs) of the run's model (speed does not depend on its weights)."""
     import torch
 
-    from weightformer.bench.dense import explicit_attention, gmacs
-    from weightformer.bench.timing import median, time_call
-    from weightformer.engine.registry import get_task
-    from weightformer.engine.weights import read_checkpoint
+    from weightformer.bench.flops import count_flops
+    from weightformer.bench.timing import median, side_by_side
+    from weightformer.engine.weights import load_model
 
     torch.set_num_threads(1)
-    ckpt = read_checkpoint(run / "last.pt")
-    meta = ckpt["meta"]
-    model = get_task(meta["task"]).model_from_meta(meta).eval()
+    loaded = load_model(run / "last.pt")
+    model, meta = loaded.model, loaded.meta
     size = int(meta.get("img_size") or _recipe_kwargs(task)["img_size"])
     if task == "gen":
         x, t, y = torch.randn(BATCH, model.in_channels, size, size), torch.full((BATCH,), 500), torch.zeros(BATCH, dtype=torch.long)
-        call = lambda: model(x, t, y)  # noqa: E731
-        counted = lambda: model(x[:1], t[:1], y[:1])  # noqa: E731
+        call, counted = (lambda: model(x, t, y)), count_flops(model, x[:1], t[:1], y[:1])
     else:
         images = torch.randn(BATCH, 3, size, size)
         trunk = model.backbone.backbone if task == "det" else model.pyramid.backbone  # the timm model
         call = (lambda: model(list(images))) if task == "det" else (lambda: model(images))
-        counted = lambda: trunk.forward_features(images[:1])  # noqa: E731
-    with explicit_attention(model):
-        macs = gmacs(counted)
-    with torch.inference_mode():  # timed with attention as it runs: fused where timm fuses it
+        counted = count_flops(trunk.forward_features, images[:1], modules=model)
+    with torch.inference_mode():
         for _ in range(2):
             call()
-        seconds = median([time_call(call, "cpu") for _ in range(7)])
-    return {"params_M": sum(p.numel() for p in model.parameters()) / 1e6, "gmacs": macs,
+        seconds = median(side_by_side({"model": call}, 7)["model"])
+    return {"params_M": sum(p.numel() for p in model.parameters()) / 1e6, "gmacs": counted.macs / 1e9,
             "img_per_s": BATCH / seconds, "model": meta["model"], "model_kwargs": meta.get("model_kwargs", {})}
 
 
@@ -208,9 +209,9 @@ COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [
 LEGEND = ("`released` the recipe's model; `long_range` the same command with `--long-range` (the long-range "
           "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
           "predictor at the released placement, one dynamic block in three); `long_range_centered` `--long-range` "
-          "with the `centered` predictor (the design before the resolution-transfer fix); `attention` DeiT or DiT of the "
+          "with the `centered` predictor; `attention` DeiT or DiT of the "
           "same width and depth, 32 channels per head. Scores are the last epoch's; seeds column: the first "
-          "score per seed. Costs on freshly initialised models, one thread, after the runs.")
+          "score per seed. Costs of the first seed's model, one thread, after the runs.")
 COST_NAME = {"det": "backbone GMACs", "seg": "backbone GMACs", "gen": "GMACs"}
 
 
@@ -261,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         costs = {v: cost(task, args.runs / task / v / f"seed{min(r['seed'] for r in mine if r['variant'] == v)}")
                  for v in {r["variant"] for r in mine}}
-        from weightformer.bench.machine import machine_info
+        from weightformer.bench.results import machine_info
 
-        command = "python benchmarks/long_range_tasks.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+        command = "python benchmarks/examples/long_range_tasks.py " + shlex.join(argv if argv is not None else sys.argv[1:])
         record = {"task": task, "epochs": EPOCHS[task], "machine": {**machine_info(command=command), "threads_per_run": 1},
                   "command": command, "runs": mine, "costs": costs}
         (args.out / f"{task}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -1,0 +1,36 @@
+"""Where the time goes: a torch.profiler table of one call of a benchmark subject (a forward or a training step).
+
+    python benchmarks/examples/profile_ops.py --resolution 1248 --mode infer
+    python benchmarks/examples/profile_ops.py --resolution 224 --batch 16 --mode train --model wf-t-naive
+"""
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from weightformer.bench.results import describe, machine_info
+from weightformer.bench.subjects import get_subject, prepare, suite
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--model", default="wf-t", choices=list(suite("cls")))
+parser.add_argument("--resolution", type=int, default=1248)
+parser.add_argument("--batch", type=int, default=1)
+parser.add_argument("--mode", default="infer", choices=["infer", "train"])
+parser.add_argument("--steps", type=int, default=1, help="profiled calls after one warm-up call")
+parser.add_argument("--rows", type=int, default=25)
+parser.add_argument("--by-shape", action="store_true", help="group ops by input shapes as well")
+parser.add_argument("--threads", type=int, default=2)
+args = parser.parse_args()
+torch.set_num_threads(args.threads)
+machine = machine_info("cpu")
+print(describe(machine))
+print(f"command: {machine['command']}")
+print(f"{args.model} {args.mode} at {args.resolution}², batch {args.batch}, {args.steps} step(s)")
+call = prepare(get_subject("cls", args.model), args.mode, args.resolution, args.batch, "cpu")
+call()  # warm-up
+with profile(activities=[ProfilerActivity.CPU], record_shapes=args.by_shape) as prof:
+    for _ in range(args.steps):
+        call()
+print(prof.key_averages(group_by_input_shape=args.by_shape).table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                                                                    max_name_column_width=60))

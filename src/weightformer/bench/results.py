@@ -1,0 +1,135 @@
+"""The results writer of every benchmark: the machine description each file carries, the output-folder
+rule, and the files (JSON, Markdown, CSV or a plot), each written atomically (a kill mid-write leaves the
+previous file). The rule (:func:`claim_out_dir`, the engine's ``claim_outputs``): an ``--out`` holding one
+of a command's files is refused before the work unless ``--overwrite``, which moves them aside
+(``<name>.previous-<time>``), never deleting them; other files in the folder are never touched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from ..engine.errors import ConfigError
+from ..engine.outputs import claim_outputs
+from ..engine.run_dir import check_writable_file, check_writable_folder
+from ..engine.outputs import write_atomic
+
+
+# ----------------------------------------------------------------------------------------- the machine
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or ``platform.processor()`` where that file is absent."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def command_line(argv: Optional[Sequence[str]] = None) -> str:
+    """The command that runs this process, as one shell line: ``argv`` (default ``sys.argv``) with the
+    program named by its file name, or ``python -m MODULE`` for a module run with ``-m``."""
+    if argv is None:
+        argv = list(sys.argv)
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if argv and spec is not None and spec.name:
+            return shlex.join(["python", "-m", spec.name.removesuffix(".__main__"), *argv[1:]])
+    return shlex.join([os.path.basename(argv[0]), *argv[1:]]) if argv else ""
+
+
+def machine_info(device: str = "cpu", command: Optional[str] = None) -> Dict[str, Any]:
+    """CPU model, core counts, torch and timm versions, threads, GPU (if used), the date, the load average
+    now and ``command`` (default: this process's :func:`command_line`). Call it when the benchmark starts:
+    the load average is the one the measurements began under."""
+    import timm
+    import torch
+
+    try:
+        load = [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        load = None
+    info: Dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads(),
+        "load_average": load, "command": command_line() if command is None else command, "device": device,
+        "gpu": None,
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return info
+
+
+def describe(info: Dict[str, Any]) -> str:
+    """One line naming the machine, its threads, the load average at the start and the date."""
+    where = info["gpu"] or f"{info['cpu']}, {info['cpu_affinity'] or info['cpu_count']} cores"
+    load = info.get("load_average")
+    load_text = "load average at start " + " ".join(f"{v:g}" for v in load) if load else "load average not recorded"
+    return f"{where}; torch {info['torch']}, {info['torch_threads']} threads; {load_text}; {info['date'][:10]}"
+
+
+def provenance(info: Dict[str, Any]) -> str:
+    """Markdown lines for a table's header: the machine (:func:`describe`) and the command that made it."""
+    command = info.get("command")
+    return f"Machine: {describe(info)}.\n\nCommand: `{command}`." if command else f"Machine: {describe(info)}."
+
+
+# ---------------------------------------------------------------------------------------- the folder
+def check_out_dir(out_dir: Path, names: Sequence[str], flag: str = "--out") -> None:
+    """Make ``out_dir`` and check that files ``names`` can be written there; ConfigError if not."""
+    out_dir = Path(out_dir)
+    for parent in (out_dir, *out_dir.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{flag} {out_dir}: {parent} is a file, not a folder; give a folder path")
+    check_writable_folder(out_dir, flag)
+    for name in names:
+        check_writable_file(out_dir / name, flag)
+
+
+def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command: str, keep: bool = False,
+                  hint: str = "", log: Callable[[str], None] = print) -> List[Path]:
+    """The output rule (module docstring), applied before the work. ``keep`` (the sweep's ``--resume``
+    with its journal there) leaves the files in place, to be continued; ``hint`` ends the refusal.
+    Returns the new names of the files moved aside."""
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, names)
+    if keep:
+        return []
+    moved = claim_outputs([out_dir / name for name in names], overwrite, command, "--out", hint=hint)
+    if moved:
+        log(f"--overwrite: the earlier results moved aside ({', '.join(p.name for p in moved)}, in {out_dir})")
+    return moved
+
+
+# ----------------------------------------------------------------------------------------- the files
+Content = Union[str, bytes, Dict[str, Any], Callable[[], bytes]]
+
+
+def write_results(out_dir: Path, files: Mapping[str, Content]) -> List[Path]:
+    """Write each of ``files`` (name -> a result document, written as indented JSON; Markdown or CSV text;
+    bytes; or a callable returning bytes, e.g. a plot) into ``out_dir``, atomically. Returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, content in files.items():
+        if callable(content):
+            content = content()
+        if isinstance(content, dict):
+            content = json.dumps(content, indent=2) + "\n"
+        if isinstance(content, str):
+            content = content.encode() if content.endswith("\n") else (content + "\n").encode()
+        write_atomic(out_dir / name, content)
+        paths.append(out_dir / name)
+    return paths
