@@ -20,7 +20,7 @@ from .errors import ConfigError
 
 __all__ = ["RECIPE_ROOT", "Recipe", "RecipeChoice", "count_files", "load_recipe", "recipe_path"]
 
-RECIPE_ROOT = Path(__file__).resolve().parents[3] / "configs"  # the repository's configs/
+RECIPE_ROOT = (Path(__file__).resolve().parents[1] / "configs").resolve()  # the repository's configs/, shipped in the package
 
 
 @dataclass(frozen=True)
