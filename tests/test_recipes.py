@@ -86,3 +86,8 @@ def test_a_recipe_file_names_itself_and_a_config_file_need_not(tmp_path: Path):
     assert load_config_file(plain)["epochs"] == 3 and load_config_file(plain)["det_protocol"] == "torchvision"
     with pytest.raises(ConfigError, match="needs `recipe: {name: ..., summary: ...}`"):
         load_recipe(plain)
+
+
+def test_the_runs_first_line_names_the_recipe_file():
+    line = get_task("detection").choose_recipe("shapes", {}).line()
+    assert line.startswith("recipe offline: ") and line.endswith("; file configs/detection/shapes.yaml"), line

@@ -45,7 +45,12 @@ class RecipeChoice:
     reason: str
 
     def line(self) -> str:
-        return f"recipe {self.recipe.name}: {self.recipe.summary}; chosen because {self.reason}"
+        """The run's first line: the recipe, why, and its file (``configs/<task>/<file>`` for a shipped one)."""
+        path = self.recipe.path
+        if path is not None and path.resolve().is_relative_to(RECIPE_ROOT):
+            path = Path("configs") / path.resolve().relative_to(RECIPE_ROOT)
+        where = f"; file {path}" if path is not None else ""
+        return f"recipe {self.recipe.name}: {self.recipe.summary}; chosen because {self.reason}{where}"
 
 
 RESUMED = Recipe("resumed", "the settings saved with the run being resumed")
