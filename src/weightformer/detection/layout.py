@@ -1,7 +1,5 @@
-"""Where a COCO-layout split lies: its images in ``images/<split>/`` (or ``<split>/`` beside
-``annotations/``), its instances in ``annotations/instances_<split>.json``. That covers COCO 2017 as
-downloaded (``train2017``/``val2017``) and the plain ``train``/``val`` names; :func:`find_split` picks a
-split by its role when the user names none."""
+"""Where a COCO-layout split lies: images in ``images/<split>/`` (or ``<split>/``), instances in
+``annotations/instances_<split>.json``; :func:`find_split` picks a split by its role when none is named."""
 
 from __future__ import annotations
 
@@ -19,16 +17,14 @@ SPLIT_FLAGS = {"train": "--train-split", "val": "--val-split"}
 
 
 class CocoSplit(NamedTuple):
-    """A split: its name, its image folder and its annotation file."""
-
     name: str
     image_dir: Path
     annotation_file: Path
 
 
 def locate_split(root: Path, split: str) -> CocoSplit:
-    """Where split ``split`` of ``root`` lies, whether or not it is there: the first of ``images/<split>/``
-    and ``<split>/`` that is a folder (else the first), and its annotation file."""
+    """Where split ``split`` of ``root`` lies, whether or not it is there: the first of ``images/<split>/`` and
+    ``<split>/`` that is a folder (else the first), and its annotation file."""
     folders = (root / "images" / split, root / split)
     return CocoSplit(split, next((d for d in folders if d.is_dir()), folders[0]),
                      root / "annotations" / f"instances_{split}.json")
@@ -45,9 +41,8 @@ def looked_for(split: str) -> str:
 
 
 def find_split(root: str | Path, role: str, split: Optional[str] = None) -> CocoSplit:
-    """The split to use for ``role`` ("train" or "val"): ``split`` if given (and there), else the first
-    of :data:`SPLIT_NAMES` that ``root`` holds. A folder holding none is one DataError line listing
-    what was looked for."""
+    """The split for ``role`` ("train" or "val"): ``split`` if given (and there), else the first of
+    :data:`SPLIT_NAMES` that ``root`` holds; else one DataError line listing what was looked for."""
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist; pass --data with a COCO-layout folder, or shapes "

@@ -1,12 +1,7 @@
-"""``shapes``: a small COCO-layout instance data set drawn procedurally, so detection runs offline.
+"""``shapes``: a small COCO-layout instance data set drawn from its seed, so detection runs offline.
 
-Circles, squares and triangles of random colours on noisy backgrounds, 0 to 3 per image (images
-without objects are negatives), in images of 96 to 128 px. Squares and triangles are annotated as
-polygons, circles as RLE, so both mask formats are exercised. The data set is a pure function of
-its seed; it is written once into the cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``, then
-``weightformer/det-shapes-v1``) through a temporary folder renamed into place, so an interrupted
-write never leaves a half data set behind.
-"""
+0 to 3 circles, squares and triangles of random colours on noisy 96-128 px images; squares and triangles are
+annotated as polygons, circles as RLE, so both mask formats are exercised."""
 
 from __future__ import annotations
 
@@ -92,8 +87,7 @@ def _draw_image(rng: np.random.Generator, image_id: int) -> tuple[Image.Image, l
 
 
 def write_shapes(root: str | Path, seed: int = 0, split_sizes: Optional[dict[str, int]] = None) -> Path:
-    """Draw the data set into ``root`` (which must not exist yet) in the COCO layout, ``split_sizes``
-    images per split (default :data:`SPLIT_SIZES`); returns ``root``."""
+    """Draw the data set into ``root`` (not there yet), ``split_sizes`` images per split; returns ``root``."""
     root = Path(root)
     split_sizes = SPLIT_SIZES if split_sizes is None else split_sizes
     rng = np.random.default_rng(seed)
@@ -118,8 +112,8 @@ def write_shapes(root: str | Path, seed: int = 0, split_sizes: Optional[dict[str
 
 
 def shapes_root(seed: int = 0) -> Path:
-    """The data set's folder in the cache, drawn on first use. Atomic: drawn into a temporary folder
-    beside it and renamed into place, so a concurrent or killed writer never leaves a partial one."""
+    """The data set's folder in the cache, drawn on first use into a temporary folder renamed into place, so a
+    concurrent or killed writer never leaves a partial one."""
     root = cache_root()
     if root.is_dir():
         return root
