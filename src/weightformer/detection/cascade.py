@@ -160,12 +160,6 @@ class CascadeRoIHeads(nn.Module):
                    for b, shape in zip(boxes.split([len(p) for p in proposals]), image_shapes)]
         return class_logits, deltas, refined
 
-    def forward(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
-                targets: Optional[list[dict[str, Tensor]]] = None) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
-        if self.training:
-            return [], self._losses(features, proposals, image_shapes, targets)
-        return self._detect(features, proposals, image_shapes), {}
-
     @staticmethod
     def _label_boxes(stage: RoIHeads, proposals: list[Tensor],
                      targets: list[dict[str, Tensor]]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
@@ -177,8 +171,10 @@ class CascadeRoIHeads(nn.Module):
         matched_gt = [(g if len(g) else g.new_zeros(1, 4))[m] for g, m in zip(gt_boxes, matched_idxs)]
         return matched_idxs, labels, list(stage.box_coder.encode(matched_gt, proposals))
 
-    def _losses(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
-                targets: Optional[list[dict[str, Tensor]]]) -> dict[str, Tensor]:
+    def forward(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
+                targets: Optional[list[dict[str, Tensor]]] = None) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        if not self.training:
+            return self._detect(features, proposals, image_shapes), {}
         if targets is None:
             raise ValueError("CascadeRoIHeads needs targets in training mode")
         losses: dict[str, Tensor] = {}
@@ -196,7 +192,7 @@ class CascadeRoIHeads(nn.Module):
             losses[f"loss_classifier_stage{t}"] = self.loss_weights[t] * loss_cls
             losses[f"loss_box_reg_stage{t}"] = self.loss_weights[t] * loss_box
         losses["loss_mask"] = _mask_loss(self, features, *mask_samples, image_shapes, targets)
-        return losses
+        return [], losses
 
     def _detect(self, features: dict[str, Tensor], proposals: list[Tensor],
                 image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:

@@ -13,7 +13,6 @@ __all__ = ["SPLIT_NAMES", "CocoSplit", "data_root", "find_split", "locate_split"
 
 # The split names tried, in order, for each role when the user names none: COCO 2017's, then the plain ones.
 SPLIT_NAMES = {"train": ("train2017", "train"), "val": ("val2017", "val")}
-SPLIT_FLAGS = {"train": "--train-split", "val": "--val-split"}
 
 
 class CocoSplit(NamedTuple):
@@ -52,9 +51,9 @@ def find_split(root: str | Path, role: str, split: Optional[str] = None) -> Coco
         found = split_files(root, name)
         if found is not None:
             return found
-    what = "training" if role == "train" else "validation"
-    hint = (f"pass {SPLIT_FLAGS[role]} NAME for a split of another name" if not split
-            else f"check the name, or drop {SPLIT_FLAGS[role]} to find {' or '.join(SPLIT_NAMES[role])}")
+    what, flag = "training" if role == "train" else "validation", f"--{role}-split"
+    hint = (f"pass {flag} NAME for a split of another name" if not split
+            else f"check the name, or drop {flag} to find {' or '.join(SPLIT_NAMES[role])}")
     raise DataError(f"{root} holds no COCO {what} split: looked for {'; '.join(looked_for(n) for n in names)}; {hint}")
 
 

@@ -5,6 +5,7 @@ annotated as polygons, circles as RLE, so both mask formats are exercised."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -78,11 +79,9 @@ def _draw_image(rng: np.random.Generator, image_id: int) -> tuple[Image.Image, l
             mask = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width)))
         pixels[mask.astype(bool)] = color
         rle = mask_utils.encode(np.asfortranarray(mask))
-        annotations.append({
-            "image_id": image_id, "category_id": category["id"], "segmentation": segmentation,
-            "bbox": [round(float(v), 2) for v in mask_utils.toBbox(rle)], "area": float(mask_utils.area(rle)),
-            "iscrowd": 0,
-        })
+        annotations.append({"image_id": image_id, "category_id": category["id"], "segmentation": segmentation,
+                            "bbox": [round(float(v), 2) for v in mask_utils.toBbox(rle)],
+                            "area": float(mask_utils.area(rle)), "iscrowd": 0})
     return Image.fromarray(pixels), annotations
 
 
@@ -90,22 +89,18 @@ def write_shapes(root: str | Path, seed: int = 0, split_sizes: Optional[dict[str
     """Draw the data set into ``root`` (not there yet), ``split_sizes`` images per split; returns ``root``."""
     root = Path(root)
     split_sizes = SPLIT_SIZES if split_sizes is None else split_sizes
-    rng = np.random.default_rng(seed)
+    rng, ann_ids = np.random.default_rng(seed), itertools.count(1)
     (root / "annotations").mkdir(parents=True)
-    next_id = 1
     for split, size in split_sizes.items():
         folder = root / "images" / split
         folder.mkdir(parents=True)
         images, annotations = [], []
-        for index in range(size):
-            image_id = index + 1
+        for image_id in range(1, size + 1):
             image, anns = _draw_image(rng, image_id)
             name = f"{image_id:06d}.png"
             image.save(folder / name)
             images.append({"id": image_id, "file_name": name, "width": image.width, "height": image.height})
-            for ann in anns:
-                annotations.append({"id": next_id, **ann})
-                next_id += 1
+            annotations += [{"id": next(ann_ids), **ann} for ann in anns]
         content = {"images": images, "annotations": annotations, "categories": list(SHAPES_CATEGORIES)}
         (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(content))
     return root
