@@ -93,7 +93,7 @@ class CocoEvaluator:
 def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, device: torch.device,
              dist_info: Optional[DistInfo] = None) -> dict[str, float]:
     """COCO box and mask AP (percent) of ``model`` over ``loader`` of ``dataset`` (or of a shard of it on each
-    rank of ``dist_info``, every rank returning the whole's), and the number of images."""
+    rank of ``dist_info``: the detections are gathered, so every rank returns the same), and the image count."""
     was_training = model.training
     model.eval()
     evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
@@ -125,8 +125,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = Non
                         visualize: int = 0, out: Optional[str | os.PathLike] = None) -> dict[str, Any]:
     """COCO box and mask AP of a detection checkpoint on a validation split (:func:`val_dataset`) of ``data``
     (default: the data it was trained on), as one process or under torchrun; with ``visualize`` N, the first
-    N images' detections drawn into ``out`` (default: ``visualize/`` beside the checkpoint). Returns the run's
-    facts and the metrics of :data:`METRIC_NAMES` rounded to 4 places (None where nothing is scored)."""
+    N images' detections drawn into ``out`` (default: ``visualize/`` beside the checkpoint). Returns what was
+    evaluated and the metrics of :data:`METRIC_NAMES` rounded to 4 places (None where nothing is scored)."""
     for flag, value, least in (("--batch-size", batch_size, 1), ("--workers", workers, 0),
                                ("--visualize", visualize, 0)):
         if value < least:
