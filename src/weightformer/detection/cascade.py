@@ -25,15 +25,15 @@ from torch import Tensor, nn
 from torchvision.models.detection.roi_heads import RoIHeads, maskrcnn_inference, maskrcnn_loss
 from torchvision.ops import boxes as box_ops
 
-__all__ = ["STAGE_IOU_THRESHOLDS", "STAGE_REG_WEIGHTS", "AgnosticBoxPredictor", "CascadeRoIHeads",
-           "MaskRCNNRoIHeads", "box_loss", "scale_gradient"]
+__all__ = ["STAGE_IOU_THRESHOLDS", "STAGE_REG_WEIGHTS", "AgnosticBoxPredictor", "CascadeRoIHeads", "MaskRCNNRoIHeads",
+           "box_loss"]
 
 STAGE_IOU_THRESHOLDS = (0.5, 0.6, 0.7)
 STAGE_REG_WEIGHTS = ((10.0, 10.0, 5.0, 5.0), (20.0, 20.0, 10.0, 10.0), (30.0, 30.0, 15.0, 15.0))
 
 
 class _ScaleGradient(torch.autograd.Function):
-    """Identity forward; the backward multiplies the incoming gradient by ``scale``."""
+    """Identity forward; the backward multiplies the incoming gradient by ``scale`` (detectron2's)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, scale: float) -> Tensor:  # type: ignore[override]
@@ -43,11 +43,6 @@ class _ScaleGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         return grad * ctx.scale, None
-
-
-def scale_gradient(x: Tensor, scale: float) -> Tensor:
-    """``x`` unchanged, with the gradient through it multiplied by ``scale`` (detectron2's _ScaleGradient)."""
-    return x if scale == 1.0 else _ScaleGradient.apply(x, scale)
 
 
 class AgnosticBoxPredictor(nn.Module):
@@ -152,8 +147,8 @@ class CascadeRoIHeads(nn.Module):
         """Class logits (R, C), deltas (R, 4) and refined boxes (one (R_i, 4) per image) of stage t."""
         stage = self.stages[t]
         pooled = stage.box_roi_pool(features, proposals, image_shapes)  # (R, channels, 7, 7)
-        if self.training:
-            pooled = scale_gradient(pooled, self.head_gradient_scale)
+        if self.training and self.head_gradient_scale != 1.0:
+            pooled = _ScaleGradient.apply(pooled, self.head_gradient_scale)
         class_logits, deltas = stage.box_predictor(stage.box_head(pooled))
         boxes = stage.box_coder.decode(deltas.detach(), proposals).reshape(-1, 4)  # (R, 4)
         refined = [box_ops.clip_boxes_to_image(b, shape)
