@@ -1,12 +1,10 @@
 """A COCO instances file, read and checked before pycocotools indexes it (:func:`open_instances`).
 
-pycocotools' ``COCO.createIndex`` only indexes: a missing key is a KeyError, the last of two images or
-annotations of one id wins silently, and an RLE is decoded without checking its runs against its size.
-:func:`check_instances` refuses, in one :class:`DataError` line naming the file, the entry and the fix,
-what the loader, the loss or COCOeval would fail on or misread; it drops what detectron2 drops (polygons
-of fewer than 3 points or of odd length, an annotation left with none, annotations of no listed image)
-with one :class:`DroppedAnnotationsWarning` line per reason; it fills a missing ``area``, which COCOeval
-needs. A split left with no annotation is a DataError; images without annotations stay, as negatives.
+pycocotools only indexes (a missing key is a KeyError, a repeated id silently wins, an RLE's runs are not
+checked against its size). :func:`check_instances` refuses what the loader, the loss or COCOeval would fail
+on or misread, in one :class:`DataError` line naming the file, the entry and the fix; drops what detectron2
+drops (polygons under 3 points or of odd length, annotations left maskless or of no listed image), one
+:class:`DroppedAnnotationsWarning` line per reason; and fills a missing ``area``, which COCOeval needs.
 """
 
 from __future__ import annotations
@@ -26,11 +24,10 @@ from pycocotools.coco import COCO
 
 from ..data.errors import DataError
 
-__all__ = ["DroppedAnnotationsWarning", "check_instances", "open_instances"]
+__all__ = ["DroppedAnnotationsWarning", "check_instances", "listed", "open_instances"]
 
 KEYS = ("images", "annotations", "categories")
 NUMBERS = (int, float)  # what JSON numbers load as (a bool is no number here)
-IDS_SHOWN = 5  # annotation ids quoted in a warning line
 CHUNK = 1 << 21  # polygon coordinates checked per NumPy array
 MIN_POLYGON = 6  # coordinates of the smallest polygon kept: 3 points, as detectron2 and mmdetection keep
 
@@ -44,8 +41,9 @@ def _shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _ids(ids: list[Any]) -> str:
-    return ", ".join(str(i) for i in ids[:IDS_SHOWN]) + (", ..." if len(ids) > IDS_SHOWN else "")
+def listed(items: list[Any], limit: int = 5) -> str:
+    """The first ``limit`` of ``items``, comma-separated, with ", ..." if there are more."""
+    return ", ".join(str(i) for i in items[:limit]) + (", ..." if len(items) > limit else "")
 
 
 def _finite(value: Any) -> bool:
@@ -146,15 +144,19 @@ class _Check:
                 raise DataError(f"{path}: {what}; it is not a COCO instances file")
         self.content, self.path = content, path
         self.warnings: list[tuple[str, type[Warning]]] = []
+        self.images: dict[int, dict[str, Any]] = {}  # id -> image, filled by check_images
 
     def fail(self, text: str) -> DataError:
         return DataError(f"{self.path}: {text}")
 
-    def images(self) -> dict[int, dict[str, Any]]:
+    def where(self, ann: dict[str, Any]) -> str:
+        return f"annotation {ann['id']} of {self.images[ann['image_id']]['file_name']}"
+
+    def check_images(self) -> None:
         if not self.content["images"]:
             raise self.fail("lists no images (images is empty); a split needs its images, each with an id, "
                             "file_name, width and height")
-        by_id: dict[int, dict[str, Any]] = {}
+        by_id = self.images
         for index, image in enumerate(self.content["images"]):
             if type(image) is not dict:
                 raise self.fail(f"images[{index}] is {_shown(image)}, not an image {{id, file_name, width, height}}; "
@@ -175,7 +177,6 @@ class _Check:
                                 "one image would be lost and its annotations given to the other; give each image "
                                 "its own id (and its annotations that image_id)")
             by_id[image_id] = image
-        return by_id
 
     def categories(self) -> set[int]:
         if not self.content["categories"]:
@@ -192,14 +193,13 @@ class _Check:
             ids.add(category_id)
         return ids
 
-    def annotations(self, images: dict[int, dict[str, Any]], categories: set[int]) -> list[dict[str, Any]]:
+    def annotations(self, categories: set[int]) -> list[dict[str, Any]]:
         """The annotations to index: each checked, polygons cleaned, orphans and maskless ones dropped."""
         kept: list[dict[str, Any]] = []
         seen: set[int] = set()
         orphans: list[Any] = []  # ids of annotations of no listed image
         maskless: list[Any] = []  # ids of annotations left without a polygon
-        dropped_polygons = 0
-        first_orphan = ""
+        dropped_polygons, first_orphan = 0, ""
         coordinates: list[Any] = []  # polygon coordinates not yet checked, and the annotations they are of
         owners: list[dict[str, Any]] = []
         for index, ann in enumerate(self.content["annotations"]):
@@ -214,7 +214,7 @@ class _Check:
                                 "them (COCOeval scores it twice and the other never); give each annotation its own id")
             seen.add(ann_id)
             image_id = ann.get("image_id")
-            image = images.get(image_id) if type(image_id) is int else None
+            image = self.images.get(image_id) if type(image_id) is int else None
             if image is None:
                 first_orphan = first_orphan or f"annotation {ann_id} has image_id {_shown(image_id)}"
                 orphans.append(ann_id)
@@ -241,7 +241,7 @@ class _Check:
                                     f"[[x1, y1, x2, y2, ...], ...]; {fix}")
                 valid = [polygon for polygon in segm if len(polygon) >= MIN_POLYGON and not len(polygon) % 2]
                 if len(valid) < len(segm):  # what is dropped must still be polygons, not points [[x, y], ...]
-                    self._check_coordinates([v for polygon in segm for v in polygon], [ann], images)
+                    self._check_coordinates([v for polygon in segm for v in polygon], [ann])
                     dropped_polygons += len(segm) - len(valid)
                     ann = {**ann, "segmentation": valid}
                 if not valid:
@@ -251,7 +251,7 @@ class _Check:
                     coordinates.extend(polygon)
                 owners.append(ann)
                 if len(coordinates) >= CHUNK:
-                    self._check_coordinates(coordinates, owners, images)
+                    self._check_coordinates(coordinates, owners)
                     coordinates, owners = [], []
             elif type(segm) is dict:
                 problem = _rle_problem(segm, image["height"], image["width"])
@@ -262,56 +262,54 @@ class _Check:
                 raise self.fail(f"{where} has segmentation {_shown(segm)}, which is neither polygons "
                                 "[[x1, y1, ...], ...] nor an RLE {counts, size}; fix it in the file")
             kept.append(ann)
-        self._check_coordinates(coordinates, owners, images)
-        self._check_boxes(kept, images)
+        self._check_coordinates(coordinates, owners)
+        self._check_boxes(kept)
         no_area = [i for i, ann in enumerate(kept) if ann.get("area") is None]
         for i, ann in zip(no_area, _fill_areas([kept[i] for i in no_area])):
             kept[i] = ann
-        self._report(len(self.content["annotations"]), kept, orphans, first_orphan, maskless, dropped_polygons, images)
+        self._report(len(self.content["annotations"]), kept, orphans, first_orphan, maskless, dropped_polygons)
         return kept
 
-    def _check_coordinates(self, coordinates: list[Any], owners: list[dict[str, Any]],
-                           images: dict[int, dict[str, Any]]) -> None:
+    def _check_coordinates(self, coordinates: list[Any], owners: list[dict[str, Any]]) -> None:
         if not coordinates or _all_finite(coordinates):
             return
         for ann in owners:  # the slow search, only when something is wrong
             for value in (v for polygon in ann["segmentation"] for v in polygon):
                 if not _finite(value):
-                    raise self.fail(f"annotation {ann['id']} of {images[ann['image_id']]['file_name']} has a polygon "
-                                    f"coordinate {_shown(value)}, not a finite number; coordinates are pixels: fix the "
-                                    "polygon in the file")
+                    raise self.fail(f"{self.where(ann)} has a polygon coordinate {_shown(value)}, not a finite "
+                                    "number; coordinates are pixels: fix the polygon in the file")
 
-    def _check_boxes(self, kept: list[dict[str, Any]], images: dict[int, dict[str, Any]]) -> None:
+    def _check_boxes(self, kept: list[dict[str, Any]]) -> None:
         boxes = [ann.get("bbox") for ann in kept]
         if not boxes or _all_finite(boxes, width=4):
             return
         for ann, box in zip(kept, boxes):
             if not (type(box) is list and len(box) == 4 and all(_finite(v) for v in box)):
                 what = "has no bbox" if box is None else f"has bbox {_shown(box)}"
-                raise self.fail(f"annotation {ann['id']} of {images[ann['image_id']]['file_name']} {what}; a bbox is "
-                                "[x, y, width, height], 4 numbers in pixels: fix it in the file")
+                raise self.fail(f"{self.where(ann)} {what}; a bbox is [x, y, width, height], 4 numbers in pixels: "
+                                "fix it in the file")
 
     def _report(self, total: int, kept: list[dict[str, Any]], orphans: list[Any], first_orphan: str,
-                maskless: list[Any], dropped_polygons: int, images: dict[int, dict[str, Any]]) -> None:
+                maskless: list[Any], dropped_polygons: int) -> None:
         if total and not kept:
             if len(orphans) == total:
                 raise self.fail(f"none of its {total} annotations belongs to an image it lists ({first_orphan}, "
-                                f"the images' ids run from {min(images)} to {max(images)}); the annotations' "
-                                "image_id must be the ids of the images (integers, not strings)")
+                                f"the images' ids run from {min(self.images)} to {max(self.images)}); the "
+                                "annotations' image_id must be the ids of the images (integers, not strings)")
             raise self.fail(f"none of its {total} annotations has a usable mask ({len(maskless)} have an empty "
                             "segmentation or only polygons of fewer than 3 points, e.g. annotation "
-                            f"{_ids(maskless)}); Mask R-CNN learns from instance masks: export them (polygons or RLE) "
-                            "with the boxes")
+                            f"{listed(maskless)}); Mask R-CNN learns from instance masks: export them (polygons or "
+                            "RLE) with the boxes")
         lines = []
         if orphans:
             lines.append(f"{len(orphans)} annotation(s) whose image_id is not under images (annotation "
-                         f"{_ids(orphans)}); they belong to no image of this split")
+                         f"{listed(orphans)}); they belong to no image of this split")
         if dropped_polygons:
             lines.append(f"{dropped_polygons} polygon(s) of fewer than 3 points or with an odd number of coordinates, "
                          f"as detectron2 does; {len(maskless)} annotation(s) were left without a mask and dropped"
-                         + (f" (annotation {_ids(maskless)})" if maskless else ""))
+                         + (f" (annotation {listed(maskless)})" if maskless else ""))
         elif maskless:
-            lines.append(f"{len(maskless)} annotation(s) with an empty segmentation (annotation {_ids(maskless)}), "
+            lines.append(f"{len(maskless)} annotation(s) with an empty segmentation (annotation {listed(maskless)}), "
                          "as detectron2 does: Mask R-CNN needs a mask")
         self.warnings += [(f"{self.path}: dropped {line}", DroppedAnnotationsWarning) for line in lines]
 
@@ -324,7 +322,8 @@ def check_instances(content: Any, path: Path) -> tuple[dict[str, Any], list[tupl
     enabled = gc.isenabled()
     gc.disable()  # the cycle collector would walk the whole loaded file again and again; the check makes no cycles
     try:
-        annotations = check.annotations(check.images(), check.categories())
+        check.check_images()
+        annotations = check.annotations(check.categories())
     finally:
         if enabled:
             gc.enable()

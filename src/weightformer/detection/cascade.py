@@ -1,24 +1,18 @@
 """Cascade R-CNN box heads (Cai & Vasconcelos, 2018) on torchvision's RoI heads, with one mask head; and
 the box losses and the mask-training step both detectors share.
 
-Stage t is a torchvision :class:`RoIHeads` with its own IoU threshold, box coder weights, box head and
-class-agnostic box predictor; stage t+1 takes the refined, detached boxes of stage t. At inference the
-class scores are the mean of the three stages' softmax scores; the boxes come from the last stage, and
-the mask head runs on them. The mask head trains on the positives of the first stage, as detectron2's
-``CascadeROIHeads`` (ViTDet's Cascade Mask R-CNN) does.
+Stage t is a box-only torchvision :class:`RoIHeads` with its own IoU threshold, coder weights, box head and
+class-agnostic predictor, fed the refined, detached boxes of stage t-1. Inference averages the stages'
+softmax scores on the last stage's boxes, then runs the mask head on them; the mask head trains on stage 1's
+positives (detectron2's ``CascadeROIHeads``). Training is set by :mod:`.model` from the detector's protocol
+(vitdet: detectron2's; torchvision: torchvision's parts with mmdet's stage weights):
 
-How the stages train is set by four arguments, which :mod:`weightformer.detection.model` fills from
-the detector's protocol (``vitdet``: detectron2's ``CascadeROIHeads``; ``torchvision``: this package's
-first cascade, torchvision's parts with mmdet's stage weights):
-
-- ``loss_weights``: each stage's loss factor (vitdet 1, 1, 1; torchvision 1, 0.5, 0.25, mmdet's);
-- ``head_gradient_scale``: the factor on the gradient each stage's box head sends back to the pooled
-  features, hence to the pyramid and backbone (vitdet 1/3, detectron2's ``_ScaleGradient``; the head's
-  own parameters always get the full gradient);
+- ``loss_weights``: each stage's loss factor (vitdet 1, 1, 1; torchvision 1, 0.5, 0.25);
+- ``head_gradient_scale``: the factor on the gradient each box head sends back to the pooled features
+  (vitdet 1/3, detectron2's ``_ScaleGradient``; the head's own parameters get the full gradient);
 - ``box_loss_beta``: the smooth-L1 β of the box regression (vitdet 0, plain L1; torchvision 1/9);
-- ``sample_later_stages``: whether stages 2 and 3 append the ground truth to the refined boxes and
-  resample ``batch_size_per_image`` of them (torchvision: yes) or match every refined box as it is
-  (vitdet: detectron2's ``_match_and_label_boxes``; only stage 1 sees the ground truth as proposals).
+- ``sample_later_stages``: whether stages 2 and 3 append the ground truth and resample
+  ``batch_size_per_image`` boxes (torchvision) or label every refined box as it is (vitdet).
 """
 
 from __future__ import annotations
@@ -31,15 +25,15 @@ from torch import Tensor, nn
 from torchvision.models.detection.roi_heads import RoIHeads, maskrcnn_inference, maskrcnn_loss
 from torchvision.ops import boxes as box_ops
 
-__all__ = ["STAGE_IOU_THRESHOLDS", "STAGE_REG_WEIGHTS", "AgnosticBoxPredictor", "CascadeRoIHeads",
-           "MaskRCNNRoIHeads", "box_loss", "scale_gradient"]
+__all__ = ["STAGE_IOU_THRESHOLDS", "STAGE_REG_WEIGHTS", "AgnosticBoxPredictor", "CascadeRoIHeads", "MaskRCNNRoIHeads",
+           "box_loss"]
 
 STAGE_IOU_THRESHOLDS = (0.5, 0.6, 0.7)
 STAGE_REG_WEIGHTS = ((10.0, 10.0, 5.0, 5.0), (20.0, 20.0, 10.0, 10.0), (30.0, 30.0, 15.0, 15.0))
 
 
 class _ScaleGradient(torch.autograd.Function):
-    """Identity forward; the backward multiplies the incoming gradient by ``scale``."""
+    """Identity forward; the backward multiplies the incoming gradient by ``scale`` (detectron2's)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, scale: float) -> Tensor:  # type: ignore[override]
@@ -49,11 +43,6 @@ class _ScaleGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         return grad * ctx.scale, None
-
-
-def scale_gradient(x: Tensor, scale: float) -> Tensor:
-    """``x`` unchanged, with the gradient through it multiplied by ``scale`` (detectron2's _ScaleGradient)."""
-    return x if scale == 1.0 else _ScaleGradient.apply(x, scale)
 
 
 class AgnosticBoxPredictor(nn.Module):
@@ -76,10 +65,9 @@ class AgnosticBoxPredictor(nn.Module):
 
 def box_loss(class_logits: Tensor, box_deltas: Tensor, labels: list[Tensor], regression_targets: list[Tensor],
              beta: float) -> tuple[Tensor, Tensor]:
-    """The Fast R-CNN loss of sampled RoIs: cross-entropy over all of them, and the smooth-L1 (β =
-    ``beta``; 0 is plain L1) box loss summed over the positives and divided by the number of RoIs, as
-    torchvision and detectron2 both normalise it. ``box_deltas`` is (R, 4), one class-agnostic delta, or
-    (R, 4 * num_classes), one per class, of which each positive's own class is regressed."""
+    """The Fast R-CNN loss of sampled RoIs: cross-entropy over all, and smooth-L1 (β = ``beta``; 0 is L1) over
+    the positives divided by the number of RoIs (torchvision's and detectron2's normalisation).
+    ``box_deltas``: (R, 4) class-agnostic, or (R, 4 * num_classes), of which each positive's class is used."""
     labels_all = torch.cat(labels)  # (R,)
     targets = torch.cat(regression_targets)  # (R, 4)
     if labels_all.numel() == 0:  # no RoI left in the batch: zero losses that keep the graph, not NaN means
@@ -92,9 +80,8 @@ def box_loss(class_logits: Tensor, box_deltas: Tensor, labels: list[Tensor], reg
     return classification, box_reg / labels_all.numel()
 
 
-def _mask_loss(heads: nn.Module, features: dict[str, Tensor], proposals: list[Tensor],
-               matched_idxs: list[Tensor], labels: list[Tensor], image_shapes: list[tuple[int, int]],
-               targets: list[dict[str, Tensor]]) -> Tensor:
+def _mask_loss(heads: nn.Module, features: dict[str, Tensor], proposals: list[Tensor], matched_idxs: list[Tensor],
+               labels: list[Tensor], image_shapes: list[tuple[int, int]], targets: list[dict[str, Tensor]]) -> Tensor:
     """torchvision's Mask R-CNN mask loss on the positives among the sampled ``proposals``."""
     positive = [torch.where(lab > 0)[0] for lab in labels]
     mask_proposals = [p[i] for p, i in zip(proposals, positive)]
@@ -104,21 +91,15 @@ def _mask_loss(heads: nn.Module, features: dict[str, Tensor], proposals: list[Te
 
 
 class MaskRCNNRoIHeads(RoIHeads):
-    """torchvision's Mask R-CNN RoI heads with the box regression loss's smooth-L1 β as an argument
-    (torchvision fixes it at 1/9; detectron2's Mask R-CNN, and ViTDet's, use 0: plain L1). Inference is
-    torchvision's."""
+    """torchvision's Mask R-CNN RoI heads with the box loss's smooth-L1 β an argument (torchvision fixes 1/9;
+    detectron2's and ViTDet's Mask R-CNN use 0, plain L1)."""
 
     def __init__(self, *args, box_loss_beta: float, **kwargs):
         super().__init__(*args, **kwargs)
         self.box_loss_beta = box_loss_beta
 
-    def forward(
-        self,
-        features: dict[str, Tensor],
-        proposals: list[Tensor],
-        image_shapes: list[tuple[int, int]],
-        targets: Optional[list[dict[str, Tensor]]] = None,
-    ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+    def forward(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
+                targets: Optional[list[dict[str, Tensor]]] = None) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
         if not self.training:
             return super().forward(features, proposals, image_shapes, targets)
         if targets is None:
@@ -132,98 +113,63 @@ class MaskRCNNRoIHeads(RoIHeads):
 
 
 class CascadeRoIHeads(nn.Module):
-    """Three box stages at rising IoU thresholds, then a mask head; a drop-in for ``RoIHeads``.
+    """Three box stages at rising IoU thresholds, then a mask head; a drop-in for ``RoIHeads``, whose losses
+    are ``loss_classifier_stage{t}``, ``loss_box_reg_stage{t}`` (scaled by the stage's loss weight) and
+    ``loss_mask``. The training arguments are those of the module docstring."""
 
-    ``forward(features, proposals, image_shapes, targets)`` returns ``(detections, losses)`` as
-    torchvision's :class:`RoIHeads` does, with losses ``loss_classifier_stage{t}``,
-    ``loss_box_reg_stage{t}`` (already scaled by the stage's loss weight) and ``loss_mask``. The
-    training arguments (``loss_weights``, ``head_gradient_scale``, ``box_loss_beta``,
-    ``sample_later_stages``) are described in the module docstring.
-    """
-
-    def __init__(
-        self,
-        box_roi_pool: nn.Module,
-        box_heads: Sequence[nn.Module],
-        box_predictors: Sequence[AgnosticBoxPredictor],
-        mask_roi_pool: nn.Module,
-        mask_head: nn.Module,
-        mask_predictor: nn.Module,
-        *,
-        loss_weights: Sequence[float],
-        head_gradient_scale: float,
-        box_loss_beta: float,
-        sample_later_stages: bool,
-        iou_thresholds: Sequence[float] = STAGE_IOU_THRESHOLDS,
-        reg_weights: Sequence[Sequence[float]] = STAGE_REG_WEIGHTS,
-        batch_size_per_image: int = 512,
-        positive_fraction: float = 0.25,
-        score_thresh: float = 0.05,
-        nms_thresh: float = 0.5,
-        detections_per_img: int = 100,
-    ):
+    def __init__(self, box_roi_pool: nn.Module, box_heads: Sequence[nn.Module],
+                 box_predictors: Sequence[AgnosticBoxPredictor], mask_roi_pool: nn.Module, mask_head: nn.Module,
+                 mask_predictor: nn.Module, *, loss_weights: Sequence[float], head_gradient_scale: float,
+                 box_loss_beta: float, sample_later_stages: bool,
+                 iou_thresholds: Sequence[float] = STAGE_IOU_THRESHOLDS,
+                 reg_weights: Sequence[Sequence[float]] = STAGE_REG_WEIGHTS, batch_size_per_image: int = 512,
+                 positive_fraction: float = 0.25, score_thresh: float = 0.05, nms_thresh: float = 0.5,
+                 detections_per_img: int = 100):
         super().__init__()
         per_stage = {len(box_heads), len(box_predictors), len(iou_thresholds), len(reg_weights), len(loss_weights)}
         if len(per_stage) != 1:
             raise ValueError(f"every cascade stage needs a box head, predictor, IoU threshold, coder weights "
                              f"and loss weight; got stage counts {sorted(per_stage)}")
-        # Each stage is a box-only RoIHeads: it brings its matcher (fg = bg threshold, as in Cascade
-        # R-CNN, no low-quality matches), sampler and box coder; select_training_samples appends the
-        # ground truth and samples.
+        # each stage brings its matcher (fg = bg threshold, no low-quality matches), sampler and box coder
         self.stages = nn.ModuleList(
             RoIHeads(box_roi_pool, head, predictor, iou, iou, batch_size_per_image, positive_fraction,
                      tuple(weights), score_thresh, nms_thresh, detections_per_img)
             for head, predictor, iou, weights in zip(box_heads, box_predictors, iou_thresholds, reg_weights)
         )
         self.loss_weights = tuple(float(w) for w in loss_weights)
-        self.head_gradient_scale = float(head_gradient_scale)
-        self.box_loss_beta = float(box_loss_beta)
+        self.head_gradient_scale, self.box_loss_beta = float(head_gradient_scale), float(box_loss_beta)
         self.sample_later_stages = sample_later_stages
-        self.score_thresh = score_thresh
-        self.nms_thresh = nms_thresh
-        self.detections_per_img = detections_per_img
-        self.mask_roi_pool = mask_roi_pool
-        self.mask_head = mask_head
-        self.mask_predictor = mask_predictor
+        self.score_thresh, self.nms_thresh, self.detections_per_img = score_thresh, nms_thresh, detections_per_img
+        self.mask_roi_pool, self.mask_head, self.mask_predictor = mask_roi_pool, mask_head, mask_predictor
 
     def _run_stage(self, t: int, features: dict[str, Tensor], proposals: list[Tensor],
                    image_shapes: list[tuple[int, int]]) -> tuple[Tensor, Tensor, list[Tensor]]:
         """Class logits (R, C), deltas (R, 4) and refined boxes (one (R_i, 4) per image) of stage t."""
         stage = self.stages[t]
         pooled = stage.box_roi_pool(features, proposals, image_shapes)  # (R, channels, 7, 7)
-        if self.training:
-            pooled = scale_gradient(pooled, self.head_gradient_scale)
+        if self.training and self.head_gradient_scale != 1.0:
+            pooled = _ScaleGradient.apply(pooled, self.head_gradient_scale)
         class_logits, deltas = stage.box_predictor(stage.box_head(pooled))
         boxes = stage.box_coder.decode(deltas.detach(), proposals).reshape(-1, 4)  # (R, 4)
         refined = [box_ops.clip_boxes_to_image(b, shape)
                    for b, shape in zip(boxes.split([len(p) for p in proposals]), image_shapes)]
         return class_logits, deltas, refined
 
-    def forward(
-        self,
-        features: dict[str, Tensor],
-        proposals: list[Tensor],
-        image_shapes: list[tuple[int, int]],
-        targets: Optional[list[dict[str, Tensor]]] = None,
-    ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
-        if self.training:
-            return [], self._losses(features, proposals, image_shapes, targets)
-        return self._detect(features, proposals, image_shapes), {}
-
     @staticmethod
     def _label_boxes(stage: RoIHeads, proposals: list[Tensor],
                      targets: list[dict[str, Tensor]]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """Matched ground-truth indices, labels (0: background) and regression targets of every box in
-        ``proposals`` at ``stage``'s IoU threshold, with no ground truth appended and no sampling
-        (detectron2's ``CascadeROIHeads._match_and_label_boxes``)."""
+        ``proposals``, unsampled (detectron2's ``CascadeROIHeads._match_and_label_boxes``)."""
         gt_boxes = [t["boxes"].to(p.dtype) for t, p in zip(targets, proposals)]
         matched_idxs, labels = stage.assign_targets_to_proposals(proposals, gt_boxes, [t["labels"] for t in targets])
         # an image without objects matches everything to one zero box, as select_training_samples does
         matched_gt = [(g if len(g) else g.new_zeros(1, 4))[m] for g, m in zip(gt_boxes, matched_idxs)]
         return matched_idxs, labels, list(stage.box_coder.encode(matched_gt, proposals))
 
-    def _losses(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
-                targets: Optional[list[dict[str, Tensor]]]) -> dict[str, Tensor]:
+    def forward(self, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]],
+                targets: Optional[list[dict[str, Tensor]]] = None) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        if not self.training:
+            return self._detect(features, proposals, image_shapes), {}
         if targets is None:
             raise ValueError("CascadeRoIHeads needs targets in training mode")
         losses: dict[str, Tensor] = {}
@@ -241,7 +187,7 @@ class CascadeRoIHeads(nn.Module):
             losses[f"loss_classifier_stage{t}"] = self.loss_weights[t] * loss_cls
             losses[f"loss_box_reg_stage{t}"] = self.loss_weights[t] * loss_box
         losses["loss_mask"] = _mask_loss(self, features, *mask_samples, image_shapes, targets)
-        return losses
+        return [], losses
 
     def _detect(self, features: dict[str, Tensor], proposals: list[Tensor],
                 image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:

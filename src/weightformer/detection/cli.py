@@ -1,17 +1,15 @@
-"""Detection on the command line: ``weightformer det train|eval|predict``, with ``train --visualize``;
-``eval`` and ``predict`` are thin layers over :func:`.evaluation.evaluate_checkpoint` and :func:`.predict.predict`."""
+"""``weightformer det train|eval|predict``: ``eval`` and ``predict`` are thin layers over
+:func:`.evaluation.evaluate_checkpoint` and :func:`.predict.predict`."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
-from ..engine.cli import (
-    Command, TaskCLI, add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument,
-    print_and_write_results,
-)
+from ..engine.cli import (Command, TaskCLI, add_checkpoint_arguments, add_json_argument, finite_float,
+                          json_path_argument, print_and_write_results)
 from ..engine.errors import ConfigError
 
 __all__ = ["CLI"]
@@ -20,9 +18,8 @@ __all__ = ["CLI"]
 def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(p, "weightformer det")
     p.add_argument("--data", help="COCO-layout folder or shapes (default: the data the checkpoint was trained on)")
-    p.add_argument("--split", metavar="NAME", help="the split to evaluate: images/NAME/ (or NAME/) and "
-                                                   "annotations/instances_NAME.json (default: the checkpoint's "
-                                                   "validation split, else val2017 or val)")
+    p.add_argument("--split", metavar="NAME", help="the split to evaluate: images/NAME/ (or NAME/) and annotations/"
+                   "instances_NAME.json (default: the checkpoint's validation split, else val2017 or val)")
     p.add_argument("--batch-size", type=int, default=4, help="images per forward pass (default: 4)")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                    help="data-loading processes (default: 4, at most the CPU count)")
@@ -41,7 +38,7 @@ def _run_eval(args: argparse.Namespace) -> int:
                                  visualize=args.visualize, out=args.out)
     print(format_eval(result))
     if "visualized" in result:
-        print(f"drew the detections on {result['visualized']['images']} val image(s) in {result['visualized']['folder']}")
+        print("drew the detections on {images} val image(s) in {folder}".format(**result["visualized"]))
     return print_and_write_results(result, json_path)
 
 
@@ -51,8 +48,8 @@ def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--score-threshold", type=finite_float, default=0.5,
                    help="keep detections scoring at least this (default: 0.5)")
-    p.add_argument("--overwrite", action="store_true", help="move the files of an earlier predict in --out aside "
-                                                            "(<name>.previous-<time>) and write anew")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move the files of an earlier predict in --out aside (<name>.previous-<time>) and write anew")
 
 
 def _run_predict(args: argparse.Namespace) -> int:
@@ -77,9 +74,8 @@ COMMANDS = (
 
 
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--visualize", type=int, default=0, metavar="N",
-                        help="after training, draw the detections on N validation images into OUTPUT/visualize/ "
-                             "(default: 0)")
+    parser.add_argument("--visualize", type=int, default=0, metavar="N", help="after training, draw the detections "
+                        "on N validation images into OUTPUT/visualize/ (default: 0)")
 
 
 def _check_train_arguments(args: argparse.Namespace) -> None:
@@ -88,8 +84,7 @@ def _check_train_arguments(args: argparse.Namespace) -> None:
 
 
 def _after_training(result: Any, args: argparse.Namespace) -> None:
-    """``--visualize N``: the trained model's detections on the first N validation images (drawn once, by
-    the first process under torchrun)."""
+    """``--visualize N``: the trained model's detections on the first N validation images (by rank 0)."""
     if not args.visualize or int(os.environ.get("RANK", "0")) != 0:
         return
     from ..engine.weights import load_model
@@ -104,13 +99,10 @@ def _after_training(result: Any, args: argparse.Namespace) -> None:
     print(f"drew the detections on {len(paths)} val image(s) in {out}")
 
 
-def _percent(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def _summary(metrics: Mapping[str, Any]) -> str:
-    return (f"bbox mAP {_percent(metrics['bbox_mAP'])} (AP50 {_percent(metrics['bbox_mAP_50'])}), "
-            f"mask mAP {_percent(metrics['segm_mAP'])} ({metrics['images']} images)")
+    bbox, ap50, segm = ("n/a" if metrics[k] is None else f"{metrics[k]:.2f}"
+                        for k in ("bbox_mAP", "bbox_mAP_50", "segm_mAP"))
+    return f"bbox mAP {bbox} (AP50 {ap50}), mask mAP {segm} ({metrics['images']} images)"
 
 
 CLI = TaskCLI(

@@ -1,9 +1,6 @@
-"""COCO instances of one split as a data set: float images in [0, 1] at their stored size and their
-targets (:class:`CocoDetection`), the annotation file checked as it opens (:mod:`.annotations`).
-
-The model's ``GeneralizedRCNNTransform`` resizes, normalises and batches the images, and maps eval
-predictions back to the stored size; training augmentations are in :mod:`.transforms`.
-"""
+"""COCO instances of one split as a data set (:class:`CocoDetection`), its annotation file checked as it opens
+(:mod:`.annotations`). Images stay at their stored size: the model's ``GeneralizedRCNNTransform`` resizes,
+normalises and batches them; training augmentations are in :mod:`.transforms`."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from ..data.errors import DataError
-from .annotations import DroppedAnnotationsWarning, open_instances
+from .annotations import DroppedAnnotationsWarning, listed, open_instances
 from .layout import locate_split, looked_for
 
 __all__ = ["INSTANCE_KEYS", "CocoDetection", "DroppedBoxesWarning", "Target", "collate", "drop_crowd"]
@@ -27,7 +24,6 @@ __all__ = ["INSTANCE_KEYS", "CocoDetection", "DroppedBoxesWarning", "Target", "c
 Target = dict[str, Tensor]
 Transform = Callable[[Tensor, Target], tuple[Tensor, Target]]
 INSTANCE_KEYS = ("boxes", "labels", "masks", "area", "iscrowd")  # target entries with one row per instance
-NAMES_SHOWN = 3  # missing image names quoted in the error line
 
 
 class DroppedBoxesWarning(DroppedAnnotationsWarning):
@@ -35,16 +31,11 @@ class DroppedBoxesWarning(DroppedAnnotationsWarning):
 
 
 class CocoDetection(Dataset):
-    """COCO instances of one split, as (image (3, H, W) float in [0, 1], target) pairs.
-
-    The target holds boxes (N, 4) float xyxy in pixels, labels (N,) int64 in 1..K (the categories in
-    order of id; see :attr:`category_ids`), masks (N, H, W) uint8 decoded from polygons or RLE,
-    image_id (int64), area (N,) (the annotation's area in the stored image, COCO's size buckets) and
-    iscrowd (N,) int64. An image without annotations gives N = 0: boxes (0, 4), masks (0, H, W).
-    Crowd regions stay, flagged by iscrowd; :func:`drop_crowd` takes them out before a loss.
-    ``split`` names the split (``val2017``, ``val``, ...); its images are in ``images/<split>/`` or
-    ``<split>/``. ``transforms``: a callable ``(image, target) -> (image, target)``, e.g. :class:`LargeScaleJitter`.
-    """
+    """COCO instances of split ``split`` (images in ``images/<split>/`` or ``<split>/``), as (image (3, H, W)
+    float in [0, 1], target) pairs. The target holds boxes (N, 4) float xyxy in pixels, labels (N,) int64 in
+    1..K (categories in order of id: :attr:`category_ids`), masks (N, H, W) uint8, image_id, area (N,) and
+    iscrowd (N,) (crowds stay: :func:`drop_crowd`); N may be 0. ``transforms``: ``(image, target) -> (image,
+    target)``, e.g. :class:`LargeScaleJitter`."""
 
     def __init__(self, root: str | Path, split: str, transforms: Optional[Transform] = None):
         self.root = Path(root).expanduser()
@@ -72,11 +63,11 @@ class CocoDetection(Dataset):
     def _check_images(self) -> None:
         on_disk = {p.name for p in self.image_dir.iterdir()}
         names = (self.coco.imgs[i]["file_name"] for i in self.image_ids)
-        missing = [n for n in names if n not in on_disk and not (self.image_dir / n).is_file()]  # is_file: names with folders
+        # is_file: names with folders
+        missing = [n for n in names if n not in on_disk and not (self.image_dir / n).is_file()]
         if missing:
-            shown = ", ".join(missing[:NAMES_SHOWN]) + (", ..." if len(missing) > NAMES_SHOWN else "")
             raise DataError(f"{self.annotation_file.name} names {len(missing)} image(s) not in {self.image_dir} "
-                            f"({shown}); add the images or remove their entries from the file")
+                            f"({listed(missing, 3)}); add the images or remove their entries from the file")
 
     def _valid_annotations(self) -> dict[int, list[dict[str, Any]]]:
         """Each image's annotations with a positive box (the file was checked as it was opened)."""
@@ -113,14 +104,12 @@ class CocoDetection(Dataset):
         boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float32).reshape(-1, 4)
         boxes[:, 2:] += boxes[:, :2]  # xywh -> xyxy
         masks = [torch.from_numpy(self.coco.annToMask(a)) for a in anns]
-        target = {
-            "boxes": boxes,
-            "labels": torch.tensor([self._label_of[a["category_id"]] for a in anns], dtype=torch.int64),
-            "masks": torch.stack(masks) if masks else torch.zeros((0, height, width), dtype=torch.uint8),
-            "image_id": torch.tensor(image_id, dtype=torch.int64),
-            "area": torch.tensor([float(a.get("area", 0.0)) for a in anns], dtype=torch.float32),
-            "iscrowd": torch.tensor([int(a.get("iscrowd", 0)) for a in anns], dtype=torch.int64),
-        }
+        labels = [self._label_of[a["category_id"]] for a in anns]
+        target = {"boxes": boxes, "labels": torch.tensor(labels, dtype=torch.int64),
+                  "masks": torch.stack(masks) if masks else torch.zeros((0, height, width), dtype=torch.uint8),
+                  "image_id": torch.tensor(image_id, dtype=torch.int64),
+                  "area": torch.tensor([float(a.get("area", 0.0)) for a in anns], dtype=torch.float32),
+                  "iscrowd": torch.tensor([int(a.get("iscrowd", 0)) for a in anns], dtype=torch.int64)}
         image = image.float() / 255
         if self.transforms is not None:
             image, target = self.transforms(image, target)
@@ -128,8 +117,8 @@ class CocoDetection(Dataset):
 
 
 def drop_crowd(target: Target) -> Target:
-    """``target`` without its crowd regions: a detector must not learn them as objects. COCO's
-    evaluation still reads them from the annotation file, to ignore detections that fall on them."""
+    """``target`` without its crowd regions, which a detector must not learn as objects (COCOeval reads them
+    from the annotation file, to ignore detections on them)."""
     keep = target["iscrowd"] == 0
     return {k: v[keep] if k in INSTANCE_KEYS else v for k, v in target.items()}
 

@@ -1,11 +1,7 @@
-"""COCO box and mask AP of a detector's predictions, computed by pycocotools against the annotation file:
-over a loader (:func:`evaluate`, what the training loop calls) or for a checkpoint on a data set's
-validation split (:func:`evaluate_checkpoint`, ``weightformer det eval``).
-
-Metrics are in percent (0-100), as detection papers and mmdetection report them: ``bbox_mAP`` is
-AP averaged over IoU 0.50:0.95, ``bbox_mAP_50`` / ``bbox_mAP_75`` at IoU 0.50 / 0.75, and
-``segm_mAP`` / ``segm_mAP_50`` the same for masks. A metric with no ground truth to score is NaN.
-"""
+"""COCO box and mask AP by pycocotools, over a loader (:func:`evaluate`) or for a checkpoint
+(:func:`evaluate_checkpoint`, ``weightformer det eval``). Metrics are in percent: ``bbox_mAP`` is AP over IoU
+0.50:0.95, ``bbox_mAP_50`` / ``bbox_mAP_75`` at IoU 0.50 / 0.75, ``segm_*`` the same for masks; NaN where
+there is no ground truth to score."""
 
 from __future__ import annotations
 
@@ -36,24 +32,16 @@ from .visualize import save_visualizations
 
 __all__ = ["METRIC_NAMES", "CocoEvaluator", "evaluate", "evaluate_checkpoint", "format_eval", "val_dataset"]
 
-# (metric, COCOeval stats index): stats are AP@[.5:.95], AP@.5, AP@.75, then size buckets and recalls
-STATS = {"mAP": 0, "mAP_50": 1, "mAP_75": 2}
+STATS = {"mAP": 0, "mAP_50": 1, "mAP_75": 2}  # index in COCOeval's stats: AP@[.5:.95], AP@.5, AP@.75, ...
 METRIC_NAMES = ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP", "segm_mAP_50")
 
 
 class CocoEvaluator:
-    """Collects detections image by image, then scores them with COCOeval.
-
-    ``coco_gt``: the ground truth (``CocoDetection.coco``); ``category_ids[i]`` is the COCO category of
-    model label ``i + 1`` (``CocoDetection.category_ids``). Predictions must be in the pixels of the
-    stored image, as a torchvision detector in eval mode returns them. Only the images passed to
-    :meth:`update` are scored, so a shard or a subset of a split can be evaluated.
-    """
+    """Collects detections (in the stored image's pixels) image by image, then scores the images passed to
+    :meth:`update` with COCOeval. ``category_ids[i]`` is the COCO category of model label ``i + 1``."""
 
     def __init__(self, coco_gt: COCO, category_ids: Sequence[int], mask_threshold: float = 0.5):
-        self.coco_gt = coco_gt
-        self.category_ids = list(category_ids)
-        self.mask_threshold = mask_threshold
+        self.coco_gt, self.category_ids, self.mask_threshold = coco_gt, list(category_ids), mask_threshold
         self.detections: dict[int, list[dict[str, Any]]] = {}  # image id -> its COCO result records
 
     def update(self, image_ids: Iterable[int | Tensor], predictions: Iterable[Mapping[str, Tensor]]) -> None:
@@ -64,15 +52,13 @@ class CocoEvaluator:
             boxes = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1)  # xyxy -> COCO's xywh
             masks = (pred["masks"][:, 0] > self.mask_threshold).cpu().numpy().astype(np.uint8)  # (N, H, W)
             rles = mask_utils.encode(np.asfortranarray(masks.transpose(1, 2, 0)))  # wants (H, W, N) in Fortran order
-            self.detections[image_id] = [
-                {"image_id": image_id, "category_id": self.category_ids[int(label) - 1], "bbox": box,
-                 "score": float(score), "segmentation": rle}
-                for box, score, label, rle in zip(boxes.tolist(), pred["scores"].tolist(), pred["labels"].tolist(), rles)
-            ]
+            rows = zip(boxes.tolist(), pred["scores"].tolist(), pred["labels"].tolist(), rles)
+            self.detections[image_id] = [{"image_id": image_id, "category_id": self.category_ids[int(label) - 1],
+                                          "bbox": box, "score": float(score), "segmentation": rle}
+                                         for box, score, label, rle in rows]
 
     def merge(self, per_rank: Iterable[Mapping[int, list[dict[str, Any]]]]) -> None:
-        """Take in every rank's :attr:`detections` (e.g. from ``all_gather_object``). An image seen by
-        several ranks, as a padded distributed sampler repeats some, counts once."""
+        """Take in every rank's :attr:`detections`; an image seen by several ranks counts once."""
         for detections in per_rank:
             self.detections.update(detections)
 
@@ -106,9 +92,8 @@ class CocoEvaluator:
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, device: torch.device,
              dist_info: Optional[DistInfo] = None) -> dict[str, float]:
-    """COCO box and mask AP (percent) of ``model`` over ``loader``, a loader of ``dataset`` (or of a
-    shard of it on each rank of ``dist_info``: the ranks' detections are gathered, so every rank
-    returns the same), and the number of images."""
+    """COCO box and mask AP (percent) of ``model`` over ``loader`` of ``dataset`` (or of a shard of it on each
+    rank of ``dist_info``: the detections are gathered, so every rank returns the same), and the image count."""
     was_training = model.training
     model.eval()
     evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
@@ -127,42 +112,25 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
 
 
 def val_dataset(data: str, split: Optional[str] = None, run_split: Optional[str] = None) -> CocoDetection:
-    """The validation split of ``data`` (a COCO-layout folder or shapes): ``split`` if given, else
-    ``run_split`` (the ``val_split`` a run was configured with) if the folder has it, else the folder's
-    own (:func:`~weightformer.detection.layout.find_split`)."""
+    """The validation split of ``data``: ``split`` if given, else ``run_split`` (a run's ``val_split``) if the
+    folder has it, else the one :func:`~weightformer.detection.layout.find_split` finds."""
     root = data_root(data)
     if split is None and run_split and split_files(root, run_split) is not None:
         split = run_split
     return CocoDetection(root, find_split(root, "val", split).name)
 
 
-def _check_eval_settings(batch_size: int, workers: int, visualize: int) -> None:
+def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = None, split: Optional[str] = None,
+                        batch_size: int = 4, workers: int = 4, device: str = "auto", use_ema: bool = False,
+                        visualize: int = 0, out: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+    """COCO box and mask AP of a detection checkpoint on a validation split (:func:`val_dataset`) of ``data``
+    (default: the data it was trained on), as one process or under torchrun; with ``visualize`` N, the first
+    N images' detections drawn into ``out`` (default: ``visualize/`` beside the checkpoint). Returns what was
+    evaluated and the metrics of :data:`METRIC_NAMES` rounded to 4 places (None where nothing is scored)."""
     for flag, value, least in (("--batch-size", batch_size, 1), ("--workers", workers, 0),
                                ("--visualize", visualize, 0)):
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}")
-
-
-def evaluate_checkpoint(
-    checkpoint: str | os.PathLike,
-    data: Optional[str] = None,
-    split: Optional[str] = None,
-    batch_size: int = 4,
-    workers: int = 4,
-    device: str = "auto",
-    use_ema: bool = False,
-    visualize: int = 0,
-    out: Optional[str | os.PathLike] = None,
-) -> dict[str, Any]:
-    """COCO box and mask AP of a detection checkpoint (a ``last.pt``/``best.pt`` of ``weightformer det
-    train``) on a validation split of ``data`` (default: the data it was trained on; the split: see
-    :func:`val_dataset`), as one process or under torchrun.
-
-    With ``visualize`` N, the detections on the first N images are also drawn into ``out`` (default:
-    ``visualize/`` beside the checkpoint). Returns the checkpoint, data, split, number of images and
-    the metrics of :data:`METRIC_NAMES` rounded to 4 places (None where there is nothing to score).
-    """
-    _check_eval_settings(batch_size, workers, visualize)
     drawn = Path(out) if out else Path(checkpoint).resolve().parent / "visualize"
     if visualize:
         check_writable_folder(drawn, "--out")  # before the work, not after it

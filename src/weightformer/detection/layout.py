@@ -1,7 +1,5 @@
-"""Where a COCO-layout split lies: its images in ``images/<split>/`` (or ``<split>/`` beside
-``annotations/``), its instances in ``annotations/instances_<split>.json``. That covers COCO 2017 as
-downloaded (``train2017``/``val2017``) and the plain ``train``/``val`` names; :func:`find_split` picks a
-split by its role when the user names none."""
+"""Where a COCO-layout split lies: images in ``images/<split>/`` (or ``<split>/``), instances in
+``annotations/instances_<split>.json``; :func:`find_split` picks a split by its role when none is named."""
 
 from __future__ import annotations
 
@@ -15,20 +13,17 @@ __all__ = ["SPLIT_NAMES", "CocoSplit", "data_root", "find_split", "locate_split"
 
 # The split names tried, in order, for each role when the user names none: COCO 2017's, then the plain ones.
 SPLIT_NAMES = {"train": ("train2017", "train"), "val": ("val2017", "val")}
-SPLIT_FLAGS = {"train": "--train-split", "val": "--val-split"}
 
 
 class CocoSplit(NamedTuple):
-    """A split: its name, its image folder and its annotation file."""
-
     name: str
     image_dir: Path
     annotation_file: Path
 
 
 def locate_split(root: Path, split: str) -> CocoSplit:
-    """Where split ``split`` of ``root`` lies, whether or not it is there: the first of ``images/<split>/``
-    and ``<split>/`` that is a folder (else the first), and its annotation file."""
+    """Where split ``split`` of ``root`` lies, whether or not it is there: the first of ``images/<split>/`` and
+    ``<split>/`` that is a folder (else the first), and its annotation file."""
     folders = (root / "images" / split, root / split)
     return CocoSplit(split, next((d for d in folders if d.is_dir()), folders[0]),
                      root / "annotations" / f"instances_{split}.json")
@@ -45,9 +40,8 @@ def looked_for(split: str) -> str:
 
 
 def find_split(root: str | Path, role: str, split: Optional[str] = None) -> CocoSplit:
-    """The split to use for ``role`` ("train" or "val"): ``split`` if given (and there), else the first
-    of :data:`SPLIT_NAMES` that ``root`` holds. A folder holding none is one DataError line listing
-    what was looked for."""
+    """The split for ``role`` ("train" or "val"): ``split`` if given (and there), else the first of
+    :data:`SPLIT_NAMES` that ``root`` holds; else one DataError line listing what was looked for."""
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist; pass --data with a COCO-layout folder, or shapes "
@@ -57,9 +51,9 @@ def find_split(root: str | Path, role: str, split: Optional[str] = None) -> Coco
         found = split_files(root, name)
         if found is not None:
             return found
-    what = "training" if role == "train" else "validation"
-    hint = (f"pass {SPLIT_FLAGS[role]} NAME for a split of another name" if not split
-            else f"check the name, or drop {SPLIT_FLAGS[role]} to find {' or '.join(SPLIT_NAMES[role])}")
+    what, flag = "training" if role == "train" else "validation", f"--{role}-split"
+    hint = (f"pass {flag} NAME for a split of another name" if not split
+            else f"check the name, or drop {flag} to find {' or '.join(SPLIT_NAMES[role])}")
     raise DataError(f"{root} holds no COCO {what} split: looked for {'; '.join(looked_for(n) for n in names)}; {hint}")
 
 

@@ -1,5 +1,4 @@
-"""Prediction: the detections of a checkpoint on image files (``weightformer det predict``), as records
-and, with an output folder, drawn on the images and listed in ``detections.json``."""
+"""``weightformer det predict``: a checkpoint's detections on image files, drawn and listed in ``detections.json``."""
 
 from __future__ import annotations
 
@@ -28,37 +27,23 @@ def _drawn_path(out: Path, index: int, image: Path) -> Path:
     return out / f"{index:04d}_{image.stem}.png"  # the index keeps same-named images of different folders apart
 
 
-def _check_out(out: Path, files: Sequence[Path], overwrite: bool) -> None:
-    """Before the work: ``out`` is a writable folder, and holds none of the files predict writes unless
-    ``overwrite`` (then they are moved aside, never deleted); no output replaces an input image."""
-    check_writable_folder(out, "--out")
-    outputs = [out / DETECTIONS_FILE, *(_drawn_path(out, i, f) for i, f in enumerate(files))]
-    claim_outputs(outputs, overwrite, "weightformer det predict", inputs=files)
-
-
 @torch.no_grad()
-def predict(
-    checkpoint: str | os.PathLike,
-    images: Sequence[str | os.PathLike],
-    out: Optional[str | os.PathLike] = None,
-    score_threshold: float = 0.5,
-    use_ema: bool = False,
-    device: str = "auto",
-    overwrite: bool = False,
-) -> list[dict[str, Any]]:
-    """The detections scoring at least ``score_threshold`` on each of ``images`` (files, or folders of
-    them), in order, by a
-    detection checkpoint: one record per image, ``{"image", "detections": [{"label", "score",
-    "box_xyxy"}, ...]}`` (boxes in the image's pixels). With ``out``, each image is also drawn with its
-    detections into ``out/<index>_<name>.png`` (the record's ``"drawn"``) and the records are written to
-    ``out/detections.json``; files already there are replaced only with ``overwrite``. Every image is
-    read before the model is loaded, so an unreadable one costs nothing."""
+def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], out: Optional[str | os.PathLike] = None,
+            score_threshold: float = 0.5, use_ema: bool = False, device: str = "auto",
+            overwrite: bool = False) -> list[dict[str, Any]]:
+    """The detections scoring at least ``score_threshold`` on each of ``images`` (files, or folders of them):
+    one record per image, ``{"image", "detections": [{"label", "score", "box_xyxy"}, ...]}`` (in the image's
+    pixels). With ``out``, each image is also drawn into ``out/<index>_<name>.png`` (the record's ``"drawn"``)
+    and the records written to ``out/detections.json``; files already there are moved aside only with
+    ``overwrite``. Every image is read before the model is loaded."""
     if not 0.0 <= score_threshold <= 1.0:
         raise ConfigError(f"--score-threshold must be in [0, 1], got {score_threshold}")
-    files = image_paths(images)  # a folder stands for the images under it
+    files = image_paths(images)
     folder = Path(out) if out is not None else None
-    if folder is not None:
-        _check_out(folder, files, overwrite)
+    if folder is not None:  # before the work; no output may replace an input image
+        check_writable_folder(folder, "--out")
+        outputs = [folder / DETECTIONS_FILE, *(_drawn_path(folder, i, f) for i, f in enumerate(files))]
+        claim_outputs(outputs, overwrite, "weightformer det predict", inputs=files)
     pixels = [pil_to_tensor(read_image(path)).float() / 255 for path in files]  # (3, H, W) RGB in [0, 1]
     where = pick_device(device)
     loaded = load_model(checkpoint, task="detection", use_ema=use_ema, device=where)
@@ -72,10 +57,9 @@ def predict(
             draw_detections(image, prediction, names, score_threshold).save(drawn)
             record["drawn"] = str(drawn)
         keep = prediction["scores"] >= score_threshold
-        record["detections"] = [
-            {"label": names[int(label)], "score": round(float(score), 4), "box_xyxy": [round(float(v), 2) for v in box]}
-            for box, label, score in zip(prediction["boxes"][keep], prediction["labels"][keep], prediction["scores"][keep])
-        ]
+        kept = zip(prediction["boxes"][keep], prediction["labels"][keep], prediction["scores"][keep])
+        record["detections"] = [{"label": names[int(label)], "score": round(float(score), 4),
+                                 "box_xyxy": [round(float(v), 2) for v in box]} for box, label, score in kept]
         records.append(record)
     if folder is not None:
         (folder / DETECTIONS_FILE).write_text(json.dumps(records, indent=2) + "\n")

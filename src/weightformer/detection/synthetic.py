@@ -1,15 +1,11 @@
-"""``shapes``: a small COCO-layout instance data set drawn procedurally, so detection runs offline.
+"""``shapes``: a small COCO-layout instance data set drawn from its seed, so detection runs offline.
 
-Circles, squares and triangles of random colours on noisy backgrounds, 0 to 3 per image (images
-without objects are negatives), in images of 96 to 128 px. Squares and triangles are annotated as
-polygons, circles as RLE, so both mask formats are exercised. The data set is a pure function of
-its seed; it is written once into the cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``, then
-``weightformer/det-shapes-v1``) through a temporary folder renamed into place, so an interrupted
-write never leaves a half data set behind.
-"""
+0 to 3 circles, squares and triangles of random colours on noisy 96-128 px images; squares and triangles are
+annotated as polygons, circles as RLE, so both mask formats are exercised."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -83,43 +79,36 @@ def _draw_image(rng: np.random.Generator, image_id: int) -> tuple[Image.Image, l
             mask = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width)))
         pixels[mask.astype(bool)] = color
         rle = mask_utils.encode(np.asfortranarray(mask))
-        annotations.append({
-            "image_id": image_id, "category_id": category["id"], "segmentation": segmentation,
-            "bbox": [round(float(v), 2) for v in mask_utils.toBbox(rle)], "area": float(mask_utils.area(rle)),
-            "iscrowd": 0,
-        })
+        annotations.append({"image_id": image_id, "category_id": category["id"], "segmentation": segmentation,
+                            "bbox": [round(float(v), 2) for v in mask_utils.toBbox(rle)],
+                            "area": float(mask_utils.area(rle)), "iscrowd": 0})
     return Image.fromarray(pixels), annotations
 
 
 def write_shapes(root: str | Path, seed: int = 0, split_sizes: Optional[dict[str, int]] = None) -> Path:
-    """Draw the data set into ``root`` (which must not exist yet) in the COCO layout, ``split_sizes``
-    images per split (default :data:`SPLIT_SIZES`); returns ``root``."""
+    """Draw the data set into ``root`` (not there yet), ``split_sizes`` images per split; returns ``root``."""
     root = Path(root)
     split_sizes = SPLIT_SIZES if split_sizes is None else split_sizes
-    rng = np.random.default_rng(seed)
+    rng, ann_ids = np.random.default_rng(seed), itertools.count(1)
     (root / "annotations").mkdir(parents=True)
-    next_id = 1
     for split, size in split_sizes.items():
         folder = root / "images" / split
         folder.mkdir(parents=True)
         images, annotations = [], []
-        for index in range(size):
-            image_id = index + 1
+        for image_id in range(1, size + 1):
             image, anns = _draw_image(rng, image_id)
             name = f"{image_id:06d}.png"
             image.save(folder / name)
             images.append({"id": image_id, "file_name": name, "width": image.width, "height": image.height})
-            for ann in anns:
-                annotations.append({"id": next_id, **ann})
-                next_id += 1
+            annotations += [{"id": next(ann_ids), **ann} for ann in anns]
         content = {"images": images, "annotations": annotations, "categories": list(SHAPES_CATEGORIES)}
         (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(content))
     return root
 
 
 def shapes_root(seed: int = 0) -> Path:
-    """The data set's folder in the cache, drawn on first use. Atomic: drawn into a temporary folder
-    beside it and renamed into place, so a concurrent or killed writer never leaves a partial one."""
+    """The data set's folder in the cache, drawn on first use into a temporary folder renamed into place, so a
+    concurrent or killed writer never leaves a partial one."""
     root = cache_root()
     if root.is_dir():
         return root

@@ -1,5 +1,5 @@
-"""Training augmentations of detection samples, each ``(image, target) -> (image, target)``, and their
-seeded application (:class:`SeededJitterDataset`)."""
+"""Training augmentations of detection samples, each ``(image, target) -> (image, target)``, applied seeded by
+:class:`SeededJitterDataset`."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ def horizontal_flip(image: Tensor, target: Target) -> tuple[Tensor, Target]:
 
 
 class RandomFlip:
-    """Flip with probability ``flip`` and nothing else: the model's own transform resizes the image
-    (short side ``min_size``, long side at most ``max_size``), the 1× schedule's training pipeline."""
+    """Flip with probability ``flip`` (the 1× schedule's pipeline: the model's own transform resizes)."""
 
     def __init__(self, flip: float = 0.5):
         self.flip = flip
@@ -38,18 +37,13 @@ class RandomFlip:
 
 
 class LargeScaleJitter:
-    """Large-scale jitter (Ghiasi et al., 2021), ViTDet's training augmentation.
-
-    Flip with probability ``flip``, resize so the image fits a square of side ``s * size`` with
-    ``s ~ U(scale_range)``, take a random ``size``² crop, pad to ``size``² with the ImageNet mean
-    (which normalises to zero, like the model's own batch padding). Instances left with no box area
-    are dropped. Draws from Python's ``random``, so ``weightformer.data.seeded_rng`` fixes a sample.
-    """
+    """Large-scale jitter (Ghiasi et al., 2021), ViTDet's training augmentation: flip with probability ``flip``,
+    resize to fit a square of side ``s * size``, ``s ~ U(scale_range)``, take a random ``size``² crop, pad to
+    ``size``² with the ImageNet mean (zero once normalised); instances left with no box area are dropped.
+    Draws from Python's ``random`` (``weightformer.data.seeded_rng`` fixes a sample)."""
 
     def __init__(self, size: int = 1024, scale_range: tuple[float, float] = (0.1, 2.0), flip: float = 0.5):
-        self.size = size
-        self.scale_range = scale_range
-        self.flip = flip
+        self.size, self.scale_range, self.flip = size, scale_range, flip
 
     def __call__(self, image: Tensor, target: Target) -> tuple[Tensor, Target]:
         target = dict(target)
@@ -83,8 +77,7 @@ class LargeScaleJitter:
 
 class SeededJitterDataset(SeededTransformDataset):
     """``transform(*base[i])`` with the randomness fixed by (seed, epoch, i), as
-    :class:`~weightformer.data.SeededTransformDataset` does for an image alone: a sample's augmentation does
-    not depend on workers or on where a run resumed. The loop calls :meth:`set_epoch`."""
+    :class:`~weightformer.data.SeededTransformDataset` does for an image alone."""
 
     def __getitem__(self, index: int) -> tuple[Tensor, Target]:
         image, target = self.base[index]

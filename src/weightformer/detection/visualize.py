@@ -24,30 +24,28 @@ def _color(label: int) -> tuple[int, int, int]:
 
 def draw_detections(image: Tensor, prediction: Mapping[str, Tensor], class_names: Sequence[str],
                     score_threshold: float = 0.5, mask_threshold: float = 0.5) -> Image.Image:
-    """``image`` (3, H, W; float in [0, 1] or uint8) with the detections scoring at least
-    ``score_threshold`` drawn on it: masks (above ``mask_threshold``) shaded, boxes outlined and
-    labelled "name score". ``class_names[label]`` names a label (index 0 is the background)."""
-    canvas = image if image.dtype == torch.uint8 else (image.clamp(0, 1) * 255).round().to(torch.uint8)
-    canvas = canvas.cpu()
-    keep = prediction["scores"].detach().cpu() >= score_threshold
-    labels = prediction["labels"].detach().cpu()[keep].tolist()
+    """``image`` (3, H, W; float in [0, 1] or uint8) with the detections scoring at least ``score_threshold``:
+    masks (above ``mask_threshold``) shaded, boxes outlined and labelled "name score" (``class_names[label]``)."""
+    canvas = (image if image.dtype == torch.uint8 else (image.clamp(0, 1) * 255).round().to(torch.uint8)).cpu()
+    prediction = {k: v.detach().cpu() for k, v in prediction.items()}
+    keep = prediction["scores"] >= score_threshold
+    labels = prediction["labels"][keep].tolist()
     colors = [_color(label) for label in labels]
     if not labels:
         return to_pil_image(canvas)
     if "masks" in prediction:
-        masks = prediction["masks"].detach().cpu()[keep][:, 0] > mask_threshold  # (N, H, W)
-        canvas = draw_segmentation_masks(canvas, masks, alpha=0.45, colors=colors)
+        canvas = draw_segmentation_masks(canvas, prediction["masks"][keep][:, 0] > mask_threshold, alpha=0.45,
+                                         colors=colors)
     captions = [f"{class_names[label]} {score:.2f}"
-                for label, score in zip(labels, prediction["scores"].detach().cpu()[keep].tolist())]
-    canvas = draw_bounding_boxes(canvas, prediction["boxes"].detach().cpu()[keep], labels=captions, colors=colors, width=2)
-    return to_pil_image(canvas)
+                for label, score in zip(labels, prediction["scores"][keep].tolist())]
+    return to_pil_image(draw_bounding_boxes(canvas, prediction["boxes"][keep], labels=captions, colors=colors, width=2))
 
 
 @torch.no_grad()
 def save_visualizations(model: nn.Module, dataset: Dataset, out_dir: str | Path, count: int,
                         class_names: Sequence[str], device: torch.device, score_threshold: float = 0.5) -> list[Path]:
-    """Run ``model`` on the first ``count`` images of ``dataset`` and write each, with its detections
-    drawn, as ``<out_dir>/<image_id>.png``; returns the paths written."""
+    """``model``'s detections on the first ``count`` images of ``dataset``, drawn into
+    ``<out_dir>/<image_id>.png``; returns the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     was_training = model.training
