@@ -130,10 +130,11 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
     for name in variants:
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ConfigError(f"{where}: variant name {name!r} must be a plain folder name")
-    return AblationConfig(name=str(raw.get("name") or path.stem), output=Path(raw.get("output") or f"runs/ablations/{path.stem}"),
-                          seeds=seeds, recipe=_check_settings(raw.get("recipe", {}), "recipe"),
-                          variants={name: _check_settings(v or {}, f"variant {name!r}") for name, v in variants.items()},
-                          throughput_batch=batch, source=str(path))
+    return AblationConfig(
+        name=str(raw.get("name") or path.stem), output=Path(raw.get("output") or f"runs/ablations/{path.stem}"),
+        seeds=seeds, recipe=_check_settings(raw.get("recipe", {}), "recipe"),
+        variants={name: _check_settings(v or {}, f"variant {name!r}") for name, v in variants.items()},
+        throughput_batch=batch, source=str(path))
 
 
 def check_seeds(seeds: Sequence[int], where: str) -> None:
@@ -167,8 +168,9 @@ def resolved_settings(config: AblationConfig, variant: str, seed: int) -> dict[s
     what keys a finished run."""
     from ..engine import prepare_config
 
+    settings = {**run_settings(config, variant, seed), "resume": None}
     try:
-        return prepare_config({**run_settings(config, variant, seed), "resume": None}, task="classification").cfg.to_dict()
+        return prepare_config(settings, task="classification").cfg.to_dict()
     except ConfigError as exc:
         raise ConfigError(f"variant {variant!r}: {exc}") from exc
 
@@ -226,7 +228,7 @@ def plan_run(config: AblationConfig, variant: str, seed: int, settings: dict[str
                               f"again") from exc
         if recorded is None and last.is_file():  # a result.json without the settings: read them from last.pt
             recorded = _recorded_settings(last)
-        plan.changes = setting_changes(recorded, settings) if recorded is not None else ["its settings are not recorded"]
+        plan.changes = ["its settings are not recorded"] if recorded is None else setting_changes(recorded, settings)
         plan.status = "changed" if plan.changes else "finished"
     elif last.is_file():  # interrupted: it may continue only under the settings it started with
         plan.changes = setting_changes(_recorded_settings(last) or {}, settings, ignore=("max_steps",))
@@ -309,7 +311,8 @@ def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = Fal
     result = train(settings, task="classification")
     if result.stopped_by is not None:
         raise GridStopped(result.stopped_by)  # the run saved last.pt; the next `weightformer ablate` resumes it
-    top1 = [json.loads(line)["val_top1"] for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    top1 = [json.loads(line)["val_top1"] for line in lines if line.strip()]
     record = {"variant": variant, "seed": seed, "top1_last": top1[-1], "top1_best": max(top1), "epochs": len(top1),
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
               "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
@@ -421,10 +424,11 @@ def plan_ablation(config: AblationConfig, only: Sequence[str] | None = None,
         first = changed[0]
         more = f" (and {len(changed) - 1} more run(s))" if len(changed) > 1 else ""
         kind = "finished" if (first.folder / "result.json").is_file() else "interrupted"
-        raise ConfigError(f"the {kind} run {first.folder} was trained with other settings than {config.source or 'the grid'} "
-                          f"gives {first.variant!r} now: {', '.join(first.changes)}{more}; its numbers are not this "
-                          f"variant's. Pass --rerun-changed to train such runs again (their old files are moved aside, "
-                          f"never deleted), or restore the settings they were trained with")
+        raise ConfigError(f"the {kind} run {first.folder} was trained with other settings than "
+                          f"{config.source or 'the grid'} gives {first.variant!r} now: "
+                          f"{', '.join(first.changes)}{more}; its numbers are not this variant's. Pass --rerun-changed "
+                          f"to train such runs again (their old files are moved aside, never deleted), or restore the "
+                          f"settings they were trained with")
     return plans
 
 

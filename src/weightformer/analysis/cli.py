@@ -181,7 +181,7 @@ def _erf_command(args: argparse.Namespace) -> int:
 
 
 def _per_model_command(args: argparse.Namespace) -> int:
-    """``updates`` (a row per dynamic layer) and ``interaction`` (a row per model): each row printed, then all as JSON."""
+    """``updates`` (a row per dynamic layer) and ``interaction`` (a row per model): rows printed, then as JSON."""
     import torch
 
     from .dynamics import dynamic_update_stats

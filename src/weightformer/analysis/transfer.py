@@ -32,7 +32,7 @@ def glyph_scale(data: str) -> int:
 
 
 def _with_options(name: str, **options: Any) -> str:
-    """A data name with ``options`` set (after its other options): ``_with_options("p:a=1,val=9", val=5) == "p:a=1,val=5"``."""
+    """A data name with ``options`` set, after its others: ``_with_options("p:a=1,val=9", val=5) == "p:a=1,val=5"``."""
     kept = [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] not in options]
     return f"{name.partition(':')[0]}:{','.join([*kept, *(f'{k}={v}' for k, v in options.items())])}"
 
