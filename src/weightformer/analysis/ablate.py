@@ -1,27 +1,11 @@
 """``weightformer ablate CONFIG.yaml``: train a grid of variants × seeds with one recipe, then tabulate.
 
-The config file (see configs/ablations/) is a mapping::
-
-    name: dynamic_period            # names the table
-    output: runs/ablations/period   # run folders: <output>/<variant>/seed<seed>/
-    seeds: [0, 1]
-    recipe: {data: mnist, epochs: 3}                        # TrainConfig settings every run shares
-    variants:                                               # name -> settings over the recipe
-      period_3: {model_kwargs: {dynamic_period: 3}}
-      deit: {model: deit_tiny_patch16_224, model_kwargs: {patch_size: 4, embed_dim: 96, depth: 4, num_heads: 4}}
-
-Each run goes through :func:`weightformer.engine.train` in its own folder. A finished run leaves
-``result.json`` there, with the settings it resolved to, and is skipped next time; an interrupted one
-resumes from its ``last.pt``. Before the first run, every run's settings are resolved as the engine
-resolves them and every variant's model is built (on PyTorch's ``meta`` device: no memory, no
-arithmetic) and given an image of its size, so a bad setting or model kwarg of the last variant is
-one line before anything trains. A finished or interrupted run whose recorded settings differ from
-what the file now resolves to is refused, naming what changed (``--rerun-changed`` trains it again,
-its old files moved aside), so a table never shows old numbers under a new definition. A key given
-twice in the file (two variants of one name) is refused, not silently reduced to the last.
-The table gives, per variant, the mean ± std over seeds of the last epoch's top-1 (and the best
-epoch's), the parameters, FLOPs per image (:func:`weightformer.bench.flops.count_flops`) and
-inference img/s at the training resolution, and is written as Markdown, JSON and a PNG plot.
+The config (see configs/ablations/) maps ``name``, ``output`` (run folders ``<output>/<variant>/seed<seed>/``),
+``seeds``, ``recipe`` (TrainConfig settings every run shares) and ``variants`` (name -> settings over the recipe).
+Everything is checked before the first run (settings resolved, every variant's model built on the ``meta``
+device); a finished run (``result.json``) is skipped, an interrupted one resumed, and one whose recorded
+settings differ from the file's is refused unless ``--rerun-changed``. The table (mean ± std top-1 over seeds,
+params, FLOPs, img/s) is written as Markdown, JSON and a PNG plot.
 """
 
 from __future__ import annotations
@@ -62,15 +46,17 @@ class AblationConfig:
     throughput_batch: int = 64  # images per forward pass when timing inference
     source: str = field(default="", repr=False)
 
+    def folder(self, variant: str, seed: int) -> Path:
+        return self.output / variant / f"seed{seed}"
+
 
 class DuplicateKeyError(yaml.YAMLError):
     """A key given twice in one mapping of a YAML file."""
 
 
 class _GridLoader(SettingsLoader):
-    """The settings files' loader (YAML 1.2 numbers, :func:`weightformer.engine.config.load_yaml`) that
-    refuses a key given twice in one mapping, which YAML would resolve silently to the last (two
-    variants of one name would then be one). Merge keys (``<<: *base``) still override as YAML says."""
+    """The settings files' loader that refuses a key given twice in one mapping (YAML keeps the last, so two
+    variants of one name would be one). Merge keys (``<<: *base``) still override as YAML says."""
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -78,25 +64,22 @@ class _GridLoader(SettingsLoader):
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
-                key = self.construct_object(key_node, deep=True)
+                key, mark = self.construct_object(key_node, deep=True), key_node.start_mark
                 try:
-                    hash(key)
+                    first = seen.setdefault(key, mark)
                 except TypeError:  # an unhashable key: the base loader says what is wrong with it
                     continue
-                mark = key_node.start_mark
-                if key in seen:
-                    first = seen[key]
+                if first is not mark:
                     where = (f"line {mark.line + 1}, columns {first.column + 1} and {mark.column + 1}"
                              if first.line == mark.line else f"lines {first.line + 1} and {mark.line + 1}")
                     raise DuplicateKeyError(f"the key {key!r} is given twice, at {where} (YAML would keep only the "
                                             f"last); rename or remove one")
-                seen[key] = mark
         return super().construct_mapping(node, deep=deep)
 
 
 def load_grid_yaml(text: str) -> Any:
-    """YAML text as plain values, as :func:`weightformer.engine.config.load_yaml` reads it, except that a
-    key given twice in one mapping is a :class:`DuplicateKeyError` (a ``yaml.YAMLError``)."""
+    """YAML text as :func:`weightformer.engine.config.load_yaml` reads it, but a key given twice in one mapping
+    is a :class:`DuplicateKeyError` (a ``yaml.YAMLError``)."""
     return yaml.load(text, Loader=_GridLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
@@ -110,48 +93,48 @@ def _check_settings(values: Any, where: str) -> dict[str, Any]:
     return values
 
 
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 def load_ablation(path: str | os.PathLike) -> AblationConfig:
     """Read and check an ablation YAML file (ConfigError on anything wrong, naming the key)."""
     path = Path(path)
+    where = f"ablation config {path}"
     if not path.is_file():
-        raise ConfigError(f"ablation config {path} does not exist; pass a YAML file such as configs/ablations/dynamic_period.yaml")
+        raise ConfigError(f"{where} does not exist; pass a YAML file such as configs/ablations/dynamic_period.yaml")
     try:
         raw = load_grid_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"ablation config {path} is not a text file (not UTF-8); pass a YAML file") from exc
+        raise ConfigError(f"{where} is not a text file (not UTF-8); pass a YAML file") from exc
     except DuplicateKeyError as exc:
-        raise ConfigError(f"ablation config {path}: {exc}") from exc
+        raise ConfigError(f"{where}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"ablation config {path} is not valid YAML ({yaml_reason(exc)})") from exc
+        raise ConfigError(f"{where} is not valid YAML ({yaml_reason(exc)})") from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"ablation config {path} must be a mapping with keys {', '.join(_KEYS)}")
+        raise ConfigError(f"{where} must be a mapping with keys {', '.join(_KEYS)}")
     unknown = sorted(set(raw) - set(_KEYS))
     if unknown:
-        raise ConfigError(f"ablation config {path}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_KEYS)}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_KEYS)}")
     variants = raw.get("variants")
     if not isinstance(variants, dict) or not variants:
-        raise ConfigError(f"ablation config {path}: 'variants' must map variant names to settings, e.g. "
+        raise ConfigError(f"{where}: 'variants' must map variant names to settings, e.g. "
                           f"{{period_3: {{model_kwargs: {{dynamic_period: 3}}}}}}")
     seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                            and s >= 0 for s in seeds):
-        raise ConfigError(f"ablation config {path}: 'seeds' must be a list of non-negative integers, got {seeds!r}")
-    check_seeds(seeds, f"ablation config {path}: 'seeds'")
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s, 0) for s in seeds):
+        raise ConfigError(f"{where}: 'seeds' must be a list of non-negative integers, got {seeds!r}")
+    check_seeds(seeds, f"{where}: 'seeds'")
     batch = raw.get("throughput_batch", 64)
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ConfigError(f"ablation config {path}: 'throughput_batch' must be a positive number of images, got {batch!r}")
+    if not _is_int(batch, 1):
+        raise ConfigError(f"{where}: 'throughput_batch' must be a positive number of images, got {batch!r}")
     for name in variants:
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-            raise ConfigError(f"ablation config {path}: variant name {name!r} must be a plain folder name")
+            raise ConfigError(f"{where}: variant name {name!r} must be a plain folder name")
     return AblationConfig(
-        name=str(raw.get("name") or path.stem),
-        output=Path(raw.get("output") or f"runs/ablations/{path.stem}"),
-        seeds=seeds,
-        recipe=_check_settings(raw.get("recipe", {}), "recipe"),
+        name=str(raw.get("name") or path.stem), output=Path(raw.get("output") or f"runs/ablations/{path.stem}"),
+        seeds=seeds, recipe=_check_settings(raw.get("recipe", {}), "recipe"),
         variants={name: _check_settings(v or {}, f"variant {name!r}") for name, v in variants.items()},
-        throughput_batch=batch,
-        source=str(path),
-    )
+        throughput_batch=batch, source=str(path))
 
 
 def check_seeds(seeds: Sequence[int], where: str) -> None:
@@ -165,15 +148,7 @@ def run_settings(config: AblationConfig, variant: str, seed: int) -> dict[str, A
     """The TrainConfig overrides of one run: recipe, then the variant (model_kwargs merged key by key)."""
     settings = {**config.recipe, **config.variants[variant]}
     settings["model_kwargs"] = {**config.recipe.get("model_kwargs", {}), **config.variants[variant].get("model_kwargs", {})}
-    folder = config.output / variant / f"seed{seed}"
-    return {**settings, "seed": seed, "output": str(folder), "resume": "auto"}
-
-
-def _last_and_best(metrics_path: Path) -> tuple[float, float, int]:
-    """(last epoch's top-1, best top-1, epochs evaluated) from a run's metrics.jsonl."""
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    top1 = [r["val_top1"] for r in records]
-    return top1[-1], max(top1), len(top1)
+    return {**settings, "seed": seed, "output": str(config.folder(variant, seed)), "resume": "auto"}
 
 
 class GridStopped(Exception):
@@ -189,8 +164,8 @@ _NOT_COMPARED = ("output", "resume", "overwrite", "workers", "log_interval")
 
 
 def resolved_settings(config: AblationConfig, variant: str, seed: int) -> dict[str, Any]:
-    """The settings one run resolves to, as :func:`weightformer.engine.train` resolves them for a new
-    run (the recipe for its data under the grid's settings), as plain values: what keys a finished run."""
+    """The settings one run resolves to as a new run of :func:`weightformer.engine.train`, as plain values:
+    what keys a finished run."""
     from ..engine import prepare_config
 
     settings = {**run_settings(config, variant, seed), "resume": None}
@@ -200,19 +175,14 @@ def resolved_settings(config: AblationConfig, variant: str, seed: int) -> dict[s
         raise ConfigError(f"variant {variant!r}: {exc}") from exc
 
 
-def _plain(value: Any) -> Any:
-    """A value as a result.json holds it (tuples as lists), so that recorded and new settings compare."""
-    return json.loads(json.dumps(value))
-
-
 def setting_changes(recorded: dict[str, Any], wanted: dict[str, Any], ignore: Sequence[str] = ()) -> list[str]:
-    """``"name old -> new"`` for each setting of ``wanted`` that ``recorded`` (a run's saved settings)
-    holds with another value. Settings the record lacks (added to the package since) are not compared."""
+    """``"name old -> new"`` for each setting of ``wanted`` that ``recorded`` (a run's saved settings) holds with
+    another value; settings the record lacks are not compared."""
     changes = []
     for name, value in wanted.items():
         if name in _NOT_COMPARED or name in ignore or name not in recorded:
             continue
-        old, new = _plain(recorded[name]), _plain(value)
+        old, new = json.loads(json.dumps(recorded[name])), json.loads(json.dumps(value))  # tuples as lists
         if old == new:
             continue
         if isinstance(old, dict) and isinstance(new, dict):  # model_kwargs: name the keys that differ
@@ -247,30 +217,27 @@ def _recorded_settings(path: Path) -> dict[str, Any] | None:
 
 def plan_run(config: AblationConfig, variant: str, seed: int, settings: dict[str, Any]) -> RunPlan:
     """Compare a run's folder with the settings it should have (see :class:`RunPlan`)."""
-    folder = config.output / variant / f"seed{seed}"
+    folder = config.folder(variant, seed)
     done, last = folder / "result.json", folder / "last.pt"
+    plan = RunPlan(variant, seed, folder, settings, "new")
     if done.is_file():
         try:
             recorded = json.loads(done.read_text()).get("config")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
             raise ConfigError(f"{done} is not a result of this runner ({exc}); move it away to train the run "
                               f"again") from exc
-        if recorded is None and last.is_file():  # written before result.json held the settings
+        if recorded is None and last.is_file():  # a result.json without the settings: read them from last.pt
             recorded = _recorded_settings(last)
-        if recorded is None:
-            return RunPlan(variant, seed, folder, settings, "changed", ["its settings are not recorded"])
-        changes = setting_changes(recorded, settings)
-        return RunPlan(variant, seed, folder, settings, "changed" if changes else "finished", changes)
-    if last.is_file():  # interrupted: it may continue only under the settings it started with
-        recorded = _recorded_settings(last) or {}
-        changes = setting_changes(recorded, settings, ignore=("max_steps",))  # a step limit never changes the run
-        return RunPlan(variant, seed, folder, settings, "changed" if changes else "resume", changes)
-    return RunPlan(variant, seed, folder, settings, "new")
+        plan.changes = ["its settings are not recorded"] if recorded is None else setting_changes(recorded, settings)
+        plan.status = "changed" if plan.changes else "finished"
+    elif last.is_file():  # interrupted: it may continue only under the settings it started with
+        plan.changes = setting_changes(_recorded_settings(last) or {}, settings, ignore=("max_steps",))
+        plan.status = "changed" if plan.changes else "resume"
+    return plan
 
 
 def _data_shape(data: str) -> tuple[int, int]:
-    """(input channels, classes) of the data, without opening it (a folder's classes are its train/
-    subfolders; the data scan of the run itself checks them)."""
+    """(input channels, classes) of the data without opening it (a folder's classes are its train/ subfolders)."""
     from ..data import BUILTIN_DATASETS
     from ..data.errors import DataError
 
@@ -287,18 +254,15 @@ def _data_shape(data: str) -> tuple[int, int]:
 
 
 def check_variant_model(variant: str, settings: dict[str, Any]) -> None:
-    """Build the model a variant trains and give it one blank image of the run's size, as the run's
-    :meth:`ClassificationTask.build_model` does (same builder, same check), but on PyTorch's ``meta``
-    device: no weights are allocated and no arithmetic runs, only the shapes. A model the meta device
-    cannot run is built on the CPU instead. A bad kwarg or a size the model cannot take is one
-    ConfigError naming the variant."""
+    """Build a variant's model and give it one blank image of the run's size, as the run's
+    :meth:`ClassificationTask.build_model` does, on PyTorch's ``meta`` device (shapes only; on the CPU for a
+    model the meta device cannot run). A bad kwarg or size is one ConfigError naming the variant."""
     import torch
 
     from ..classification.model import build_classifier, check_input_size
     from ..classification.task import ClassificationTask
-    from ..engine import validate_config
-
     from ..data.errors import DataError
+    from ..engine import validate_config
 
     fields = config_fields(ClassificationConfig)
     cfg = validate_config(ClassificationConfig(**{k: v for k, v in settings.items() if k in fields}))
@@ -308,43 +272,32 @@ def check_variant_model(variant: str, settings: dict[str, Any]) -> None:
     except DataError as exc:
         raise DataError(f"variant {variant!r}: {exc}") from exc
 
-    def build(device: torch.device) -> Any:
+    def check(device: torch.device) -> None:
         try:
             with device:
-                return build_classifier(meta)
+                model = build_classifier(meta)
         except AssertionError as exc:  # timm checks its arguments with asserts (e.g. embed_dim % num_heads)
             reason = str(exc).strip() or "an assertion failed"
             raise ConfigError(f"cannot build {cfg.model} with model arguments {meta['model_kwargs']}: {reason}; "
                               f"check its model_kwargs") from exc
+        check_input_size(model, meta, device)
 
     try:
         meta = {"task": task.name, "model": cfg.model, "model_kwargs": task.model_kwargs(), "num_classes": num_classes,
                 "in_chans": in_chans, "img_size": task.img_size}
         try:
-            check_input_size(build(torch.device("meta")), meta, torch.device("meta"))
+            check(torch.device("meta"))
         except USER_ERRORS:
             raise
         except Exception:  # an operation without a meta kernel (or a data-dependent one): the real thing, on the CPU
-            check_input_size(build(torch.device("cpu")), meta, torch.device("cpu"))
+            check(torch.device("cpu"))
     except ConfigError as exc:
         raise ConfigError(f"variant {variant!r}: {exc}") from exc
 
 
-def _changed_line(config: AblationConfig, changed: list[RunPlan]) -> str:
-    first = changed[0]
-    more = f" (and {len(changed) - 1} more run(s))" if len(changed) > 1 else ""
-    kind = "finished" if (first.folder / "result.json").is_file() else "interrupted"
-    return (f"the {kind} run {first.folder} was trained with other settings than {config.source or 'the grid'} gives "
-            f"{first.variant!r} now: {', '.join(first.changes)}{more}; its numbers are not this variant's. Pass "
-            f"--rerun-changed to train such runs again (their old files are moved aside, never deleted), or restore "
-            f"the settings they were trained with")
-
-
 def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = False) -> dict[str, Any]:
-    """Train (or resume) one run and record its result.json; returns the result.
-
-    ``fresh``: start it anew though its folder holds a run (one of other settings): the old run's
-    files and result.json are moved aside, never deleted."""
+    """Train (or resume) one run and record its result.json; returns the result. ``fresh``: start anew though
+    the folder holds a run of other settings (its files are moved aside, never deleted)."""
     from ..engine import train
     from ..engine.outputs import move_aside
 
@@ -358,8 +311,9 @@ def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = Fal
     result = train(settings, task="classification")
     if result.stopped_by is not None:
         raise GridStopped(result.stopped_by)  # the run saved last.pt; the next `weightformer ablate` resumes it
-    last, best, epochs = _last_and_best(folder / "metrics.jsonl")
-    record = {"variant": variant, "seed": seed, "top1_last": last, "top1_best": best, "epochs": epochs,
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    top1 = [json.loads(line)["val_top1"] for line in lines if line.strip()]
+    record = {"variant": variant, "seed": seed, "top1_last": top1[-1], "top1_best": max(top1), "epochs": len(top1),
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
               "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
     write_atomic(folder / "result.json", json.dumps(record, indent=2) + "\n")
@@ -385,17 +339,15 @@ def measure_cost(model_name: str, model_kwargs: dict[str, Any], num_classes: int
             tick = time.perf_counter()
             model(images)
             times.append(time.perf_counter() - tick)
-    return {"params": sum(p.numel() for p in model.parameters()), "flops": flops,
-            "img_per_s": batch / median(times)}
+    return {"params": sum(p.numel() for p in model.parameters()), "flops": flops, "img_per_s": batch / median(times)}
 
 
 def _variant_cost(config: AblationConfig, variant: str) -> dict[str, float]:
-    """The cost of a variant, measured from its first run's model and cached in cost.json (measured
-    again if the cached one was for another model)."""
+    """A variant's cost, measured from its first run's model and cached in cost.json (for that model)."""
     from ..engine import load_model
 
     path = config.output / variant / "cost.json"
-    meta = load_model(config.output / variant / f"seed{config.seeds[0]}" / "last.pt", task="classification").meta
+    meta = load_model(config.folder(variant, config.seeds[0]) / "last.pt", task="classification").meta
     model = {k: meta[k] for k in ("model", "model_kwargs", "num_classes", "in_chans", "img_size")}
     if path.is_file():
         cached = json.loads(path.read_text())
@@ -407,33 +359,29 @@ def _variant_cost(config: AblationConfig, variant: str) -> dict[str, float]:
     return cost
 
 
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
 def summarise(config: AblationConfig, results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per variant: mean ± std top-1 (last and best epoch) over seeds, and the variant's cost."""
     rows = []
     for variant, runs in results.items():
-        last_mean, last_std = _mean_std([r["top1_last"] for r in runs])
-        best_mean, best_std = _mean_std([r["top1_best"] for r in runs])
-        rows.append({"variant": variant, "seeds": [r["seed"] for r in runs], "top1_last_mean": last_mean,
-                     "top1_last_std": last_std, "top1_best_mean": best_mean, "top1_best_std": best_std,
-                     **_variant_cost(config, variant), "settings": config.variants[variant]})
+        row: dict[str, Any] = {"variant": variant, "seeds": [r["seed"] for r in runs]}
+        for key in ("top1_last", "top1_best"):
+            values = [r[key] for r in runs]
+            row[f"{key}_mean"] = statistics.fmean(values)
+            row[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
+        rows.append({**row, **_variant_cost(config, variant), "settings": config.variants[variant]})
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of :func:`summarise`'s rows."""
-    def pm(mean: float, std: float | None) -> str:
+    def pm(r: dict[str, Any], key: str) -> str:
+        mean, std = r[f"{key}_mean"], r[f"{key}_std"]
         return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
 
     lines = ["| variant | top-1 last (%) | top-1 best (%) | seeds | params | MFLOPs | img/s |",
              "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['variant']} | {pm(r['top1_last_mean'], r['top1_last_std'])} | "
-                     f"{pm(r['top1_best_mean'], r['top1_best_std'])} | {len(r['seeds'])} | {r['params'] / 1e6:.3f}M | "
-                     f"{r['flops'] / 1e6:.1f} | {r['img_per_s']:.0f} |")
+    lines += [f"| {r['variant']} | {pm(r, 'top1_last')} | {pm(r, 'top1_best')} | {len(r['seeds'])} | "
+              f"{r['params'] / 1e6:.3f}M | {r['flops'] / 1e6:.1f} | {r['img_per_s']:.0f} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -447,8 +395,7 @@ def plot_table(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows)), 3.2))
     names = [f"{r['variant']}\n{r['flops'] / 1e6:.0f} MFLOPs" for r in rows]
     ax.bar(names, [r["top1_last_mean"] for r in rows], yerr=[r["top1_last_std"] or 0 for r in rows], capsize=3)
-    low = min(r["top1_last_mean"] for r in rows)
-    ax.set_ylim(max(0.0, low - 10), 100)
+    ax.set_ylim(max(0.0, min(r["top1_last_mean"] for r in rows) - 10), 100)
     ax.set_ylabel("top-1 (%), last epoch")
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=7)
@@ -460,8 +407,8 @@ def plot_table(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def plan_ablation(config: AblationConfig, only: Sequence[str] | None = None,
                   rerun_changed: bool = False) -> list[RunPlan]:
     """Everything checked before the first run: the variants named, every run's settings resolved, every
-    variant's model built (:func:`check_variant_model`) and every run folder compared with what it should
-    hold (:func:`plan_run`). A run of changed settings is a ConfigError unless ``rerun_changed``."""
+    variant's model built (:func:`check_variant_model`) and every run folder compared with what it should hold
+    (:func:`plan_run`). A run of changed settings is a ConfigError unless ``rerun_changed``."""
     variants = list(dict.fromkeys(only or config.variants))
     missing = [v for v in variants if v not in config.variants]
     if missing:
@@ -474,18 +421,21 @@ def plan_ablation(config: AblationConfig, only: Sequence[str] | None = None,
     plans = [plan_run(config, v, s, resolved[(v, s)]) for v in variants for s in config.seeds]
     changed = [plan for plan in plans if plan.status == "changed"]
     if changed and not rerun_changed:
-        raise ConfigError(_changed_line(config, changed))
+        first = changed[0]
+        more = f" (and {len(changed) - 1} more run(s))" if len(changed) > 1 else ""
+        kind = "finished" if (first.folder / "result.json").is_file() else "interrupted"
+        raise ConfigError(f"the {kind} run {first.folder} was trained with other settings than "
+                          f"{config.source or 'the grid'} gives {first.variant!r} now: "
+                          f"{', '.join(first.changes)}{more}; its numbers are not this variant's. Pass --rerun-changed "
+                          f"to train such runs again (their old files are moved aside, never deleted), or restore the "
+                          f"settings they were trained with")
     return plans
 
 
 def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
                  rerun_changed: bool = False) -> list[dict[str, Any]]:
-    """Train every unfinished run of the grid (skipping those with a result.json of the same settings),
-    then summarise all of it. Everything is checked first (:func:`plan_ablation`); runs whose recorded
-    settings differ from the grid's are refused, or with ``rerun_changed`` trained again.
-
-    Writes ``table.md``, ``table.json`` and ``table.png`` into ``config.output`` and returns the rows.
-    """
+    """Check everything (:func:`plan_ablation`), train every unfinished run, then write ``table.md``,
+    ``table.json`` and ``table.png`` into ``config.output``; returns the rows."""
     from ..progress import progress
 
     plans = plan_ablation(config, only, rerun_changed)
@@ -498,16 +448,13 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
             continue
         if plan.status == "changed":
             print(f"train {plan.variant} seed {plan.seed} again: its settings changed ({', '.join(plan.changes)})")
-            results[plan.variant].append(train_one(config, plan.variant, plan.seed, fresh=True))
-        else:
-            results[plan.variant].append(train_one(config, plan.variant, plan.seed))
+        results[plan.variant].append(train_one(config, plan.variant, plan.seed, fresh=plan.status == "changed"))
     rows = summarise(config, results)
-    table = format_table(rows)
     command = f"weightformer ablate {config.source} --seeds {' '.join(map(str, config.seeds))}"
     command += f" --only {' '.join(only)}" if only else ""
     header = (f"# ablation {config.name}\n\ncommand: `{command}`\n\n"
               f"recipe: `{json.dumps(config.recipe)}`, seeds {config.seeds}\n\n")
-    write_atomic(config.output / "table.md", header + table + "\n")
+    write_atomic(config.output / "table.md", header + format_table(rows) + "\n")
     write_atomic(config.output / "table.json", json.dumps(
         {"name": config.name, "recipe": config.recipe, "seeds": config.seeds, "rows": rows}, indent=2) + "\n")
     plot_table(rows, config.output / "table.png", config.name)

@@ -1,13 +1,7 @@
-"""``weightformer analyze erf``: effective receptive fields of timm models, as a PNG grid and a JSON;
-``weightformer analyze updates``: the size of the predicted weight updates of dynamic layers;
-``weightformer analyze interaction``: whether glyphs at opposite edges interact in the pooled features;
-``weightformer analyze transfer``: probe checkpoints evaluated on larger canvases with the same glyphs.
-
-A thin layer over :mod:`.erf`, :mod:`.dynamics`, :mod:`.interaction` and :mod:`.transfer`. Each ``--model`` is ``NAME[:key=value,...]``: a timm model name with
-keyword arguments (``weightformer_tiny:dynamic_period=0``), or ``ckpt=PATH`` alone for a checkpoint
-written by ``weightformer train`` (it names its model, kwargs and input format). Building the
-command line imports no torch; the tools import it once the arguments are parsed.
-"""
+"""``weightformer analyze erf | updates | interaction | transfer``: a thin command line over :mod:`.erf`,
+:mod:`.dynamics`, :mod:`.interaction` and :mod:`.transfer`. Each ``--model`` is ``NAME[:key=value,...]`` (a timm
+model with kwargs, ``weightformer_tiny:dynamic_period=0``) or ``ckpt=PATH`` (a ``weightformer train`` checkpoint).
+Building the command line imports no torch."""
 
 from __future__ import annotations
 
@@ -55,9 +49,8 @@ def check_spec(spec: str) -> None:
 
 
 def check_models(specs: Sequence[str], in_chans: int, img_size: int) -> None:
-    """Before any work: every spec names a model or a file (:func:`check_spec`), and each model builds
-    and takes ``img_size`` images (:func:`build_from_spec`; a classifier's checkpoint only). Each is
-    built once and dropped, so a bad last model is one line before the first one is analysed."""
+    """Before any work: every spec names a model or a file, and each model builds and takes ``img_size`` images
+    (built once and dropped), so a bad last model is one line before the first one is analysed."""
     for spec in specs:
         check_spec(spec)
     for spec in specs:
@@ -65,11 +58,9 @@ def check_models(specs: Sequence[str], in_chans: int, img_size: int) -> None:
 
 
 def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module, dict[str, Any]]:
-    """A model from ``NAME[:key=value,...]`` or ``ckpt=PATH``; returns it and what it was built from.
-
-    ConfigError (or CheckpointError) in one line for an unknown model, kwargs it does not take, a
-    checkpoint of another task than classification, or a model that cannot take ``img_size`` images
-    (smaller than one patch: :func:`weightformer.classification.model.check_input_size`)."""
+    """A model from ``NAME[:key=value,...]`` or ``ckpt=PATH`` and what it was built from. One-line ConfigError (or
+    CheckpointError) for an unknown model, kwargs it does not take, a checkpoint of another task than
+    classification, or a model that cannot take ``img_size`` images."""
     import timm
     import torch
 
@@ -82,10 +73,8 @@ def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module,
     if name.startswith("ckpt="):
         path = name[len("ckpt="):]
         loaded = load_model(path, task="classification")
-        meta = loaded.meta
-        model = loaded.model
-        source = {"checkpoint": path, "model": meta["model"], "model_kwargs": meta["model_kwargs"],
-                  "in_chans": meta["in_chans"]}
+        model, meta = loaded.model, loaded.meta
+        source = {"checkpoint": path, **{k: meta[k] for k in ("model", "model_kwargs", "in_chans")}}
     else:
         kwargs = parse_model_kwargs([item for item in text.split(",") if item], flag=f"--model {name}:")
         cfg = timm.models.get_pretrained_cfg(name)
@@ -96,7 +85,6 @@ def build_from_spec(spec: str, in_chans: int, img_size: int) -> tuple[nn.Module,
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"--model {spec!r}: cannot build it ({exc})") from exc
         source = {"model": name, "model_kwargs": kwargs, "in_chans": in_chans}
-    # An image smaller than one patch (or a size the model refuses) is one line, as in training.
     check_input_size(model, {"model": source["model"], "in_chans": source["in_chans"], "img_size": img_size},
                      next((p.device for p in model.parameters()), torch.device("cpu")))
     return model, source
@@ -192,16 +180,24 @@ def _erf_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _updates_command(args: argparse.Namespace) -> int:
+def _per_model_command(args: argparse.Namespace) -> int:
+    """``updates`` (a row per dynamic layer) and ``interaction`` (a row per model): rows printed, then as JSON."""
     import torch
 
     from .dynamics import dynamic_update_stats
+    from .interaction import edge_interaction
 
     check_models(args.model, args.in_chans, args.img_size)
     rows = []
     for spec in args.model:
         torch.manual_seed(args.seed)
         model, source = build_from_spec(spec, args.in_chans, args.img_size)
+        if args.tool == "interaction":
+            rows.append(row := {"spec": spec, **edge_interaction(model, args.img_size, placements=args.placements,
+                                                                 seed=args.seed, glyphs=args.glyphs)})
+            print(f"{spec[-60:]:<60} interaction {row['interaction']:.2e}  (cross {row['cross']:.2e}, "
+                  f"left effect {row['left_effect']:.2e})")
+            continue
         images = load_images(args.data, args.num_images, args.img_size, source["in_chans"], args.seed)
         for row in dynamic_update_stats(model, images):
             rows.append({"spec": spec, **row})
@@ -209,24 +205,6 @@ def _updates_command(args: argparse.Namespace) -> int:
                   f"capped {row['capped_norm']:.2e}  static {row['static_norm']:.3f}  spread {row['spread']:.2e}")
     if not rows:
         print("no dynamic layers in these models")
-    print(json.dumps(rows))
-    return 0
-
-
-def _interaction_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from .interaction import edge_interaction
-
-    check_models(args.model, args.in_chans, args.img_size)
-    rows = []
-    for spec in args.model:
-        torch.manual_seed(args.seed)
-        model, _ = build_from_spec(spec, args.in_chans, args.img_size)
-        rows.append({"spec": spec, **edge_interaction(model, args.img_size, placements=args.placements,
-                                                       seed=args.seed, glyphs=args.glyphs)})
-        print(f"{spec[-60:]:<60} interaction {rows[-1]['interaction']:.2e}  (cross {rows[-1]['cross']:.2e}, "
-              f"left effect {rows[-1]['left_effect']:.2e})")
     print(json.dumps(rows))
     return 0
 
@@ -316,19 +294,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--sizes must be at least 32 px, --val at least 1 and --diagnose at least 0")
     if args.tool == "interaction" and not (2 <= args.glyphs <= 10 and args.img_size >= 32 and args.placements >= 1):
         parser.error("--glyphs must be 2-10, --img-size at least 32 and --placements at least 1")
-    command = {"erf": _erf_command, "updates": _updates_command, "interaction": _interaction_command,
+    command = {"erf": _erf_command, "updates": _per_model_command, "interaction": _per_model_command,
                "transfer": _transfer_command}[args.tool]
 
     def checked() -> int:
-        _check_counts(args)
+        for flag in ("num_images", "img_size", "in_chans"):  # the counts and sizes of every tool, before any model
+            value = getattr(args, flag, None)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
         return command(args)
 
     return run_reporting_errors(checked)
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    """The counts and sizes every tool takes must be at least 1 (before any model is built)."""
-    for flag in ("num_images", "img_size", "in_chans"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")

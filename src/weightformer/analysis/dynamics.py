@@ -1,15 +1,8 @@
-"""How large the predicted weight updates are, and how much they depend on the image.
+"""How large the predicted weight updates of a model's dynamic layers are, and how much they depend on the image.
 
-For every dynamic layer (:class:`~weightformer.layers.DynamicLinear`, :class:`~weightformer.layers.DynamicDWConv`)
-of a model, over a batch of images:
-
-- ``delta_norm``: the mean norm of the predictor's raw ΔW columns (ΔK channel kernels), before the
-  layer's normalisation Δ/(‖Δ‖+1);
-- ``capped_norm``: the mean norm after it, ‖Δ‖/(‖Δ‖+1), which is below 1 by construction; it is
-  close to 1 only when the cap binds;
-- ``static_norm``: the mean norm of the static weight's columns (kernels), for scale;
-- ``spread``: the mean over images of ‖ΔŴ(x) − mean_x ΔŴ(x)‖, per column: how much the update
-  varies from image to image, which is all that can carry an image's content.
+Per layer, over a batch: ``delta_norm``, the mean norm of the raw ΔW columns (ΔK kernels); ``capped_norm``, of
+ΔŴ = Δ/(‖Δ‖+1), near 1 only where the cap binds; ``static_norm``, of the static weight's columns; ``spread``, the
+mean of ‖ΔŴ(x) − mean_x ΔŴ(x)‖ per column, the part that can carry an image's content.
 """
 
 from __future__ import annotations

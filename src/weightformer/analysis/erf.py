@@ -1,18 +1,9 @@
-"""Effective receptive fields: how much each input pixel moves the centre token of a model's last feature map.
+"""Effective receptive fields, as in the paper's ERF figure (after Luo et al., 2016, and RepLKNet).
 
-The method of the paper's ERF figure (after Luo et al., 2016, and RepLKNet): for each image, the
-gradient of Σ_c y[c, h/2, w/2] (the centre token of the last block's output, summed over channels)
-with respect to the input pixels; its absolute value summed over input channels and averaged over
-the images gives a map M (H×W) that is then normalised to sum to one. Numbers read off M:
-
-- ``outside_center``: the share of M outside the central 25% of the image (the centred box of half
-  the height and half the width);
-- ``radius_50`` / ``radius_90``: the smallest Euclidean distance from the centre token's centre, in
-  pixels, within which 50% / 90% of M lies (also given as a fraction of half the image diagonal).
-
-The last feature map comes from timm's ``forward_intermediates`` (NCHW, prefix tokens removed), so
-any timm model with that API works (ViT/DeiT, ConvNeXt, WeightFormer, ...); pass ``features`` for
-anything else.
+M (H×W) = mean over images of |∂ Σ_c y[c, h/2, w/2] / ∂x| summed over input channels, normalised to sum to one,
+where y is the last block's output (timm's ``forward_intermediates``, or ``features``). Read off M:
+``outside_center``, its share outside the centred box of half the height and width, and ``radius_50`` /
+``radius_90``, the distance from the centre token's centre (px) within which 50% / 90% of it lies.
 """
 
 from __future__ import annotations
@@ -39,13 +30,9 @@ def last_feature_map(model: nn.Module, images: Tensor) -> Tensor:
 
 def erf_map(model: nn.Module, images: Tensor, features: Callable[[nn.Module, Tensor], Tensor] | None = None,
             batch_size: int = 8) -> tuple[np.ndarray, tuple[float, float]]:
-    """The normalised ERF map (H, W) of ``model`` over ``images`` (N, C, H, W), which sums to one, and
-    the pixel (row, col) of the centre token's centre (for :func:`erf_stats`).
-
-    ``features(model, x)`` gives the feature map (B, C, h, w) whose centre token is differentiated
-    (default: :func:`last_feature_map`). Runs in eval mode, in batches of ``batch_size`` images;
-    every image's gradient is its own (the centre token of image i depends on image i only).
-    """
+    """The normalised ERF map (H, W) of ``model`` over ``images`` (N, C, H, W) and the pixel (row, col) of the
+    centre token's centre. ``features(model, x)`` gives the map (B, C, h, w) whose centre token is differentiated
+    (default :func:`last_feature_map`). Eval mode, in batches (image i's centre token depends on image i only)."""
     import torch
 
     features = features or last_feature_map
@@ -82,8 +69,7 @@ class ErfResult:
 
 
 def erf_stats(erf: np.ndarray, center: Sequence[float] | None = None) -> ErfResult:
-    """Mass outside the central 25% and the 50% / 90% radii of a normalised ERF map (H, W). ``center``:
-    (row, col) in pixels of the centre token's centre (default: the image centre, ((H-1)/2, (W-1)/2))."""
+    """The numbers of an ERF map (H, W); ``center``: (row, col) of the centre token's centre (default the image's)."""
     H, W = erf.shape
     cy, cx = center if center is not None else ((H - 1) / 2, (W - 1) / 2)
     mass = erf / erf.sum()
@@ -104,8 +90,7 @@ def erf_stats(erf: np.ndarray, center: Sequence[float] | None = None) -> ErfResu
 
 
 def token_center(img_size: tuple[int, int], grid: tuple[int, int]) -> tuple[float, float]:
-    """Pixel coordinates of the centre token's centre, for a (h, w) token grid over an (H, W) image
-    whose tokens tile it evenly (pixels past the last whole token are ignored by the model)."""
+    """Pixel (row, col) of the centre token's centre, for a (h, w) token grid tiling an (H, W) image."""
     (H, W), (h, w) = img_size, grid
     step_y, step_x = H // h, W // w
     return ((h // 2 + 0.5) * step_y - 0.5, (w // 2 + 0.5) * step_x - 0.5)

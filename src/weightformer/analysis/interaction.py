@@ -1,16 +1,9 @@
 """Do two distant parts of an image interact inside a model? A training-free test.
 
-Take two glyphs A and B and a random placement (one near the left edge, one near the right, as in
-the ``glyph_match`` probe), and the model's pooled features φ (``forward_head(..., pre_logits=True)``)
-of the four images AA, AB, BA, BB (left glyph, right glyph). The cross term
-
-    I = φ(AA) − φ(AB) − φ(BA) + φ(BB)
-
-is zero for any model whose pooled features are a sum of one part that sees only the left glyph and
-one that sees only the right: a stack of local convolutions whose receptive field spans less than
-the gap, followed by average pooling, is such a model. Comparing two distant glyphs (the probe's
-same/different) needs I ≠ 0. :func:`edge_interaction` returns the mean ‖I‖ over placements and
-glyph pairs, relative to the mean size of the left glyph's own effect ‖φ(AA) − φ(BA)‖.
+For glyphs A, B near the left and right edges (as in ``glyph_match``) and pooled features φ, the cross term
+I = φ(AA) − φ(AB) − φ(BA) + φ(BB) (left glyph, right glyph) is zero for any model whose pooled features sum a part
+that sees only the left glyph and one that sees only the right (local convolutions narrower than the gap, then
+average pooling); comparing the two glyphs needs I ≠ 0.
 """
 
 from __future__ import annotations
@@ -45,11 +38,8 @@ def _pooled_features(model: nn.Module, images: Tensor) -> Tensor:
 @torch.no_grad()
 def edge_interaction(model: nn.Module, size: int, placements: int = 16, seed: int = 0, glyphs: int = 2,
                      mean: float = 0.05, std: float = 0.2) -> dict[str, float]:
-    """Mean ‖cross term‖ / mean ‖left-glyph effect‖ of the pooled features (see the module docstring).
-
-    Images are normalised with ``mean``/``std`` (the probes') and repeated over the model's input
-    channels. Returns ``{"interaction": ratio, "cross": mean ‖I‖, "left_effect": mean ‖φ(AA) − φ(BA)‖}``.
-    """
+    """``{"interaction": cross / left_effect, "cross": mean ‖I‖, "left_effect": mean ‖φ(AA) − φ(BA)‖}`` over
+    ``placements`` random placements and glyph pairs, images normalised with the probes' ``mean``/``std``."""
     rng = np.random.default_rng(seed)
     in_chans = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
     was_training = model.training

@@ -1,22 +1,11 @@
-"""Resolution transfer of probe classifiers (``weightformer analyze transfer``): a checkpoint trained on
-a probe at one canvas size, evaluated with no fine-tuning on larger canvases that draw the SAME glyphs
-(the probe's ``scale`` fixed), so the relation spans more tokens.
-
-- :func:`transfer_table`: held-out accuracy of each checkpoint at each size. WeightFormer takes any
-  size as it is; a timm ViT's position embedding is resampled as timm does it (``set_input_size``).
-- :func:`insert_background` and :func:`swap_diagnosis`: why accuracy falls. A small probe image and the
-  same image with background inserted are run side by side; each dynamic layer's update (ΔW, ΔK), the
-  pooled feature and the logits are compared, and the large image's forward is repeated with one
-  component at a time replaced by the small image's.
-
-These functions import torch where they run, so the command line starts without it.
-"""
+"""Resolution transfer of probe classifiers (``weightformer analyze transfer``): a checkpoint trained on a probe at
+one canvas size, evaluated without fine-tuning on larger canvases that draw the same glyphs (the probe's ``scale``
+fixed), and :func:`swap_diagnosis` of why accuracy falls. Torch is imported where the functions run."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,13 +31,19 @@ def glyph_scale(data: str) -> int:
     return options.get("scale", default_scale(options["size"]))
 
 
+def _with_options(name: str, **options: Any) -> str:
+    """A data name with ``options`` set, after its others: ``_with_options("p:a=1,val=9", val=5) == "p:a=1,val=5"``."""
+    kept = [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] not in options]
+    return f"{name.partition(':')[0]}:{','.join([*kept, *(f'{k}={v}' for k, v in options.items())])}"
+
+
 def probe_at(data: str, size: int, scale: int) -> str:
     """``data`` (a probe name with options) redrawn at ``size`` px with glyph cell ``scale``, other options
     kept: ``probe_at("glyph_match:glyphs=2", 128, 2) == "glyph_match:glyphs=2,size=128,scale=2"``.
     DataError (one line) when the probe cannot draw there."""
     from ..data.builtin import probe_spec
 
-    name = f"{data.partition(':')[0]}:{','.join([*_options_except(data, 'size', 'scale'), f'size={size}', f'scale={scale}'])}"
+    name = _with_options(data, size=size, scale=scale)
     probe_spec(name)  # validates, naming what cannot be drawn
     return name
 
@@ -104,17 +99,16 @@ def _accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batc
 
 def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None = None,
                    val: int | None = None) -> list[dict[str, Any]]:
-    """Held-out top-1 (%) of each probe checkpoint at each canvas size, drawing the glyphs at the scale the
+    """Held-out top-1 (%) of each probe checkpoint at each canvas size, the glyphs drawn at the scale the
     checkpoint was trained with. ``data``: the probe (with options) to draw, default each checkpoint's own;
-    ``val``: held-out images per size (default the probe's). Everything is checked before the first
-    evaluation (files, probes, sizes)."""
+    ``val``: held-out images per size. Files, probes and sizes are all checked before the first evaluation."""
     plans = []
     for path in paths:
         _, meta = load_probe_classifier(path)
         trained = checkpoint_probe(meta, path)
         drawn = data or trained
         if val is not None:
-            drawn = f"{drawn.partition(':')[0]}:{','.join([*_options_except(drawn, 'val'), f'val={val}'])}"
+            drawn = _with_options(drawn, val=val)
         scale = glyph_scale(trained)
         plans.append((path, meta, trained, [(size, probe_at(drawn, size, scale)) for size in sizes]))
     rows = []
@@ -123,17 +117,11 @@ def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None 
         for size, name in canvases:
             model, _ = load_probe_classifier(path)  # afresh, so a resampled position embedding starts from the trained one
             _fit_grid(model, size)
-            images, labels = probe_batch(name)
-            accuracies[str(size)] = _accuracy(model, images, labels)
+            accuracies[str(size)] = _accuracy(model, *probe_batch(name))
         rows.append({"checkpoint": path, "model": meta["model"], "model_kwargs": meta.get("model_kwargs", {}),
                      "trained_on": trained, "trained_size": meta.get("img_size"), "drawn": [n for _, n in canvases],
                      "accuracy": accuracies})
     return rows
-
-
-def _options_except(name: str, *keys: str) -> list[str]:
-    """The ``key=value`` options of a data name, without those of ``keys``."""
-    return [item for item in name.partition(":")[2].split(",") if item and item.partition("=")[0] not in keys]
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -174,18 +162,14 @@ def plot_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], path: Path) 
 
 
 def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) -> tuple[Path, Path]:
-    """The table as ``<png stem>.json`` and ``.md`` beside the plot ``png``; returns the two paths."""
+    """The plot ``png`` and the table as ``<png stem>.json`` and ``.md`` beside it; returns the two table paths."""
     json_path, md_path = png.with_suffix(".json"), png.with_suffix(".md")
     plot_transfer(rows, sizes, png)
-    for path, text in ((json_path, json.dumps({"sizes": list(sizes), "rows": rows}, indent=2) + "\n"),
-                       (md_path, transfer_markdown(rows, sizes))):
-        write_atomic(path, text)
+    write_atomic(json_path, json.dumps({"sizes": list(sizes), "rows": rows}, indent=2) + "\n")
+    write_atomic(md_path, transfer_markdown(rows, sizes))
     return json_path, md_path
 
 
-# -------------------------------------------------------------------------------------------------
-# diagnosis
-# -------------------------------------------------------------------------------------------------
 def insert_background(images: torch.Tensor, size: int, layout: str, background: float) -> torch.Tensor:
     """The same glyphs on a ``size`` px canvas, (B, C, S, S) -> (B, C, size, size), filled with ``background``:
 
@@ -207,41 +191,31 @@ def insert_background(images: torch.Tensor, size: int, layout: str, background: 
     return out
 
 
-def _dynamic_predictors(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, predictor) of every dynamic layer, in forward order: ``blocks.0.mlp.fc1``, ``blocks.0.dwc``..."""
+def _forward_parts(model: nn.Module, images: torch.Tensor, replace: dict[str, Any] | None = None
+                   ) -> tuple[dict[str, Any], torch.Tensor]:
+    """The predicted update of every dynamic layer (by layer name, in forward order), the head's pooled feature
+    (``pool``) and the logits; the outputs named in ``replace`` are swapped for the given ones."""
+    import torch
+
     from ..layers.dynamic_layer import DynamicWeightLayer
 
-    return [(name, module.predictor) for name, module in model.named_modules() if isinstance(module, DynamicWeightLayer)]
+    modules = {name: m.predictor for name, m in model.named_modules() if isinstance(m, DynamicWeightLayer)}
+    modules["pool"] = model.head_drop if hasattr(model, "head_drop") else model.get_classifier()
+    store: dict[str, Any] = {}
 
-
-@contextmanager
-def _recording(modules: dict[str, nn.Module], store: dict[str, Any], replace: dict[str, Any] | None = None
-               ) -> Iterator[None]:
-    """Record each module's output in ``store``; where ``replace`` names a module, return that output instead."""
-    handles = []
-    for name, module in modules.items():
-        def hook(_, __, output, name=name):
+    def hook(name: str) -> Any:
+        def record(_, __, output):
             store[name] = output
-            return None if replace is None or name not in replace else replace[name]
-        handles.append(module.register_forward_hook(hook))
+            return (replace or {}).get(name)  # None keeps the module's own output
+        return record
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in modules.items()]
     try:
-        yield
+        with torch.no_grad():
+            logits = model(images)
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _forward_parts(model: nn.Module, images: torch.Tensor, replace: dict[str, Any] | None = None
-                   ) -> tuple[dict[str, Any], torch.Tensor]:
-    """The predicted updates of every dynamic layer, the pooled head feature (``pool``) and the logits,
-    with the parts named in ``replace`` swapped in."""
-    import torch
-
-    modules = dict(_dynamic_predictors(model))
-    modules["pool"] = model.head_drop if hasattr(model, "head_drop") else model.get_classifier()
-    store: dict[str, Any] = {}
-    with torch.no_grad(), _recording(modules, store, replace):
-        logits = model(images)
     return store, logits
 
 
@@ -249,11 +223,6 @@ def _relative_change(small: torch.Tensor, large: torch.Tensor) -> float:
     """Median over the batch of ‖large − small‖ / ‖small‖ per sample."""
     small, large = small.flatten(1), large.flatten(1)  # (B, everything else)
     return float(((large - small).norm(dim=1) / small.norm(dim=1).clamp_min(1e-30)).median())
-
-
-def _image_dependent(update: torch.Tensor) -> torch.Tensor:
-    """An update with its batch mean removed: the part that depends on the image."""
-    return update - update.mean(dim=0, keepdim=True)
 
 
 def swap_diagnosis(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, size: int, layout: str,
@@ -272,12 +241,10 @@ def swap_diagnosis(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     large_parts, large_logits = _forward_parts(model, large)
     names = [name for name in small_parts if name != "pool"]
     linear = [n for n, m in model.named_modules() if isinstance(m, DynamicLinear)]
-    changes = {name: {"change": _relative_change(small_parts[name], large_parts[name]),
-                      "dependent_change": _relative_change(_image_dependent(small_parts[name]),
-                                                           _image_dependent(large_parts[name]))}
-               for name in [*names, "pool"]}
-    changes["logits"] = {"change": _relative_change(small_logits, large_logits),
-                         "dependent_change": _relative_change(_image_dependent(small_logits), _image_dependent(large_logits))}
+    pairs = {name: (small_parts[name], large_parts[name]) for name in [*names, "pool"]}
+    pairs["logits"] = (small_logits, large_logits)
+    changes = {name: {"change": _relative_change(s, l), "dependent_change": _relative_change(
+        s - s.mean(dim=0, keepdim=True), l - l.mean(dim=0, keepdim=True))} for name, (s, l) in pairs.items()}
 
     def accuracy(logits: torch.Tensor) -> float:
         return 100.0 * float((logits.argmax(-1) == labels).float().mean())
@@ -285,31 +252,22 @@ def swap_diagnosis(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     groups: dict[str, list[str]] = {name: [name] for name in [*names, "pool"]}
     groups.update({"all linear": [n for n in names if n in linear], "all dwc": [n for n in names if n not in linear],
                    "all dynamic": names, "all dynamic + pool": [*names, "pool"]})
-    swapped = {}
-    for group, members in groups.items():
-        if members:
-            _, logits = _forward_parts(model, large, {name: small_parts[name] for name in members})
-            swapped[group] = accuracy(logits)
+    swapped = {group: accuracy(_forward_parts(model, large, {name: small_parts[name] for name in members})[1])
+               for group, members in groups.items() if members}
     return {"size": size, "layout": layout, "small_size": images.shape[-1], "images": len(images),
             "accuracy": {"small": accuracy(small_logits), "large": accuracy(large_logits), "large, swapped in": swapped},
             "changes": changes}
 
 
-def _probe_background(data: str) -> float:
-    """The normalised value of a blank pixel of the probe ``data``."""
-    from ..data.builtin import probe_spec
-
-    spec = probe_spec(data)
-    return (0.0 - spec.mean[0]) / spec.std[0]
-
-
 def diagnose_checkpoint(path: str, sizes: Sequence[int], layouts: Sequence[str] = LAYOUTS, num: int = 500
                         ) -> list[dict[str, Any]]:
     """:func:`swap_diagnosis` of a probe checkpoint on ``num`` of its own held-out images, per size and layout."""
+    from ..data.builtin import probe_spec
+
     model, meta = load_probe_classifier(path)
     data = checkpoint_probe(meta, path)
     images, labels = probe_batch(data)
-    images, labels = images[:num], labels[:num]
-    return [{"checkpoint": path, **swap_diagnosis(model, images, labels, size, layout, _probe_background(data))}
+    spec = probe_spec(data)
+    background = (0.0 - spec.mean[0]) / spec.std[0]  # a blank pixel, normalised
+    return [{"checkpoint": path, **swap_diagnosis(model, images[:num], labels[:num], size, layout, background)}
             for size in sizes for layout in layouts]
-
