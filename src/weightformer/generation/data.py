@@ -24,8 +24,7 @@ MNIST_PADDED = 32  # 28 px digits padded by 2 px a side, so that patches of 2, 4
 
 @dataclass(frozen=True)
 class ImageGeometry:
-    """How the data's images become model inputs: ``size`` px square, ``pad`` px of zero border added
-    to ``size - 2·pad`` px originals (MNIST), ``channels`` channels."""
+    """Model inputs: ``size`` px square, ``pad`` px of zero border around ``size - 2·pad`` px originals (MNIST)."""
 
     size: int
     pad: int

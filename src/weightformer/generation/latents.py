@@ -45,8 +45,7 @@ def vae_downsampling(vae: nn.Module) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1)
 
 
-def _fit_channels(x: Tensor, channels: int) -> Tensor:
-    """Grey images repeated to the VAE's RGB input."""
+def _fit_channels(x: Tensor, channels: int) -> Tensor:  # grey images repeated to the VAE's RGB input
     if x.shape[1] == channels:
         return x
     if x.shape[1] == 1:
