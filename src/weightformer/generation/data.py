@@ -66,8 +66,7 @@ class DiffusionImages(Dataset):
     probability, drawn from (seed, epoch, index) so that a resumed run sees the same flips."""
 
     def __init__(self, base: Dataset, geometry: ImageGeometry, hflip: float = 0.0, seed: int = 0):
-        self.base, self.geometry, self.hflip, self.seed = base, geometry, hflip, seed
-        self.epoch = 0
+        self.base, self.geometry, self.hflip, self.seed, self.epoch = base, geometry, hflip, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

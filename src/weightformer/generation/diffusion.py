@@ -1,13 +1,11 @@
 """DiT's Gaussian diffusion: a linear β schedule over 1000 steps, ε-prediction with learned σ, the hybrid loss
-L_simple + L_vlb, and DDPM or DDIM reverse steps on a respaced schedule.
-
-The model's second half of channels v ∈ [-1, 1] sets log σ² = ((v+1)/2)·log β_t + (1 − (v+1)/2)·log β̃_t
-(β̃_t the posterior variance). L_vlb trains v only: KL(q(x_{t-1}|x_t,x_0) ‖ p(x_{t-1}|x_t)) in bits per
-dimension, the discretised Gaussian decoder NLL at t = 0 (diffusers has no VLB). Sampling uses DiT's
-respacing, timesteps round(linspace(0, 999, K)), the model fed the original timestep. The DDPM step is
-diffusers' ``DDPMScheduler`` (learned_range, custom timesteps), DiT's exactly; the DDIM step is written here,
-as diffusers' ``DDIMScheduler`` takes the previous timestep as t − 1000/K, not the rounded-linspace one.
-"""
+L_simple + L_vlb, and DDPM or DDIM reverse steps on a respaced schedule. The model's second half of channels
+v ∈ [-1, 1] sets log σ² = ((v+1)/2)·log β_t + (1 − (v+1)/2)·log β̃_t (β̃_t the posterior variance). L_vlb trains
+v only: KL(q(x_{t-1}|x_t,x_0) ‖ p(x_{t-1}|x_t)) in bits per dimension, the discretised Gaussian decoder NLL at
+t = 0 (diffusers has no VLB). Sampling uses DiT's respacing, timesteps round(linspace(0, 999, K)), the model
+fed the original timestep. The DDPM step is diffusers' ``DDPMScheduler`` (learned_range, custom timesteps),
+DiT's exactly; the DDIM step is written here: diffusers' ``DDIMScheduler`` steps from t to t − 1000/K, not to
+the previous timestep of the rounded linspace."""
 
 from __future__ import annotations
 
@@ -124,9 +122,9 @@ class GaussianDiffusion:
 
     def training_losses(self, model_output_fn, x0: Tensor, t: Tensor, noise: Tensor | None = None,
                         min_snr_gamma: float | None = None) -> dict[str, Tensor]:
-        """Per-sample losses (B,): ``mse`` (L_simple), ``vb`` (mean frozen; 0 without learned σ) and ``loss =
-        w_t·mse + vb``, w_t = 1 (DiT) or with ``min_snr_gamma`` = γ the Min-SNR weight min(SNR_t, γ)/SNR_t (Hang
-        et al., arXiv 2303.09556). ``model_output_fn(x_t, t)`` runs the model."""
+        """Per-sample (B,) ``mse`` (L_simple), ``vb`` (mean frozen; 0 without learned σ) and ``loss = w_t·mse + vb``:
+        w_t = 1 (DiT), or Min-SNR's min(SNR_t, γ)/SNR_t with ``min_snr_gamma`` = γ (Hang et al., arXiv 2303.09556).
+        ``model_output_fn(x_t, t)`` runs the model."""
         noise = torch.randn_like(x0) if noise is None else noise
         xt = self.q_sample(x0, t, noise)
         out = model_output_fn(xt, t)

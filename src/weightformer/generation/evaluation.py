@@ -1,9 +1,6 @@
-"""Scores of generated images against a reference set. With the standard Inception weights on disk
-(torch-fidelity's), FID, Inception Score, precision and recall come from torch-fidelity. Offline, a *judge*
-scores them: a small CNN classifier trained on the data's training split (cached under
-``~/.cache/weightformer/judges``), giving the samples' class accuracy and a Fréchet distance of its features,
-not comparable to published FID.
-"""
+"""Scores of generated images: FID, Inception Score, precision and recall by torch-fidelity with its Inception
+weights on disk; always, a *judge*'s (a small CNN trained on the data's training split, cached under
+``~/.cache/weightformer/judges``): the samples' class accuracy and a Fréchet distance of its features."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ def _conv_bn(cin: int, cout: int) -> list[nn.Module]:
 
 
 class Judge(nn.Module):
-    """A small CNN classifier of uint8 images: three conv-BN-ReLU stages, a 3×3 pooling, a 128-d hidden layer
-    (``features``)."""
+    """A small CNN classifier of uint8 images: three conv-BN-ReLU stages, 3×3 pooling, 128-d ``features``."""
 
     def __init__(self, channels: int, num_classes: int):
         super().__init__()
@@ -103,9 +99,8 @@ def _judge_outputs(judge: Judge, images: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """‖μ_a − μ_b‖² + Tr(Σ_a + Σ_b − 2(Σ_aΣ_b)^½) of two feature sets (N, D), FID's formula. Tr((Σ_aΣ_b)^½) is
-    the sum of the square roots of the eigenvalues of the PSD Σ_a^½ Σ_b Σ_a^½ (similar to Σ_aΣ_b): pytorch-fid's
-    value without the offset its ``sqrtm`` needs for singular covariances."""
+    """FID's ‖μ_a − μ_b‖² + Tr(Σ_a + Σ_b − 2(Σ_aΣ_b)^½) of feature sets (N, D), Tr((Σ_aΣ_b)^½) from the eigenvalues
+    of the PSD Σ_a^½ Σ_b Σ_a^½: pytorch-fid's value without the offset its ``sqrtm`` needs for singular Σ."""
     mu_a, mu_b = a.mean(0), b.mean(0)
     cov_a, cov_b = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
     values, vectors = np.linalg.eigh(cov_a)
@@ -121,11 +116,9 @@ def judge_metrics(judge: Judge, samples: np.ndarray, sample_labels: np.ndarray, 
     Fréchet distance of their features (``judge_fd``, not comparable to published FID)."""
     sample_feats, sample_preds = _judge_outputs(judge, samples)
     ref_feats, ref_preds = _judge_outputs(judge, reference)
-    return {
-        "class_accuracy": float((sample_preds == sample_labels).mean()),
-        "judge_reference_accuracy": float((ref_preds == reference_labels).mean()),
-        "judge_fd": frechet_distance(sample_feats, ref_feats),
-    }
+    return {"class_accuracy": float((sample_preds == sample_labels).mean()),
+            "judge_reference_accuracy": float((ref_preds == reference_labels).mean()),
+            "judge_fd": frechet_distance(sample_feats, ref_feats)}
 
 
 def find_inception(explicit: str | None) -> Path | None:

@@ -4,9 +4,7 @@ LeapLabTHU/WeightFormer), unlike the classifier's: every block first sets ``x = 
 gives each branch a shift, scale and gate from ``c = t_emb + y_emb``; the mixer is a gated 3×3 depthwise conv,
 ``x = x + g₁ ⊙ DWC(LN(x)·(1 + s₁) + b₁)``, and the tanh-GELU MLP reads ``modulate(LN(x))``, as in DiT. Blocks
 1, 4, 7, ... use :class:`~weightformer.layers.DynamicDWConv` and a :class:`~weightformer.layers.DynamicLinear`
-first MLP layer (the release's ``DynCnn`` and ``DynLinear``). The release's state dicts load through
-:func:`checkpoint_filter_fn`.
-"""
+first MLP layer (the release's ``DynCnn`` and ``DynLinear``); :func:`checkpoint_filter_fn` reads its state dicts."""
 
 from __future__ import annotations
 
@@ -188,10 +186,8 @@ class FinalLayer(nn.Module):
 
 
 class WeightFormerDiT(nn.Module):
-    """Class-conditional diffusion transformer with DiT's constructor and interface: ``mixer="weightformer"``
-    the release's WeightFormer-DiT, ``"attention"`` DiT itself. ``guidance``: :meth:`forward_with_cfg`'s default.
-    ``linear_predictor`` and ``dynamic_period`` choose the dynamic MLP layer's predictor and which blocks are
-    dynamic, as for the classifier (``"double_centered"`` with period 1: the long-range design)."""
+    """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
+    classifier, ``linear_predictor`` and ``dynamic_period`` choose the dynamic MLP predictor and dynamic blocks."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
@@ -275,9 +271,9 @@ class WeightFormerDiT(nn.Module):
 
     def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
                          guidance: str | None = None) -> Tensor:
-        """DiT's batched classifier-free guidance over [conditional; unconditional] halves (x's first half used for
-        both): ε_u + s·(ε_c − ε_u) for both. ``guidance`` (default: the model's) ``"release"`` guides the first
-        three output channels, as DiT and the release do, ``"standard"`` the ``in_channels`` noise channels."""
+        """DiT's batched guidance over [conditional; unconditional] halves (x's first half for both): ε_u + s·(ε_c −
+        ε_u). ``guidance`` (default: the model's) ``"release"`` guides output channels [0, 3) as DiT does,
+        ``"standard"`` the ``in_channels`` noise channels."""
         mode = guidance or self.guidance
         if mode not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {mode!r}")

@@ -1,9 +1,8 @@
-"""Sampling and evaluation as functions: load a generation checkpoint, draw class-conditional images to
-``samples.npz`` and ``grid.png``, and score samples against the data's held-out images.
+"""``gen sample`` and ``gen eval`` as functions, e.g.
 
     loaded = load_generator("runs/gen_mnist_wf_dit_s_4/last.pt")        # its EMA weights
     images, labels = generate(loaded, num_per_class=8, cfg_scale=4.0)   # uint8 (80, 28, 28, 1), int64 (80,)
-    save_samples(images, labels, Path("samples"))
+    save_samples(images, labels, Path("samples"))                       # samples.npz and grid.png
     scores = evaluate_samples_file(Path("samples"), checkpoint="runs/gen_mnist_wf_dit_s_4/last.pt")
 """
 
@@ -32,8 +31,8 @@ __all__ = ["evaluate_samples", "evaluate_samples_file", "generate", "load_genera
 
 
 def load_generator(checkpoint: str, use_ema: bool | None = None, device: str | torch.device = "cpu") -> LoadedModel:
-    """A ``gen train`` checkpoint's model and meta on ``device``: its EMA weights when it has them (``use_ema``
-    None; True insists on them), else, or with ``use_ema=False``, its raw weights."""
+    """A ``gen train`` checkpoint's model and meta on ``device``: with ``use_ema`` None its EMA weights if it has
+    them, else raw; True insists on EMA, False takes the raw weights."""
     return load_model(checkpoint, task="generation", use_ema=use_ema, device=device)
 
 

@@ -1,5 +1,4 @@
-"""Segmentation on the command line: ``weightformer seg train|eval|predict``; ``eval`` and ``predict`` are
-thin layers over :func:`.evaluation.evaluate_checkpoint` and :func:`.predict.predict`."""
+"""``weightformer seg eval|predict``: thin layers over :func:`.evaluation.evaluate_checkpoint` and ``predict``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Semantic segmentation data in the ADE20K layout, with mmseg's label reduction and augmentation.
+"""Semantic segmentation data in the ADE20K layout, with mmseg's label reduction and augmentation:
 
     <root>/images/{training,validation}/<name>.jpg      (also .jpeg, .png)
     <root>/annotations/{training,validation}/<name>.png  (class index per pixel, palette or grayscale PNG)
 
-With ``reduce_zero_label`` (ADE20K) value 0 is unlabelled (ignore index 255) and v >= 1 is class v - 1.
-Every refusal is a one-line :class:`DataError` naming the file and the fix.
-"""
+With ``reduce_zero_label`` (ADE20K) value 0 is unlabelled (ignore index 255) and v >= 1 is class v - 1."""
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ def _reader_pool() -> ThreadPoolExecutor:  # for reading many small files' heade
 
 
 def find_root(data: str | os.PathLike, splits: Sequence[str] = SPLITS) -> Path:
-    """The folder holding ``images/<split>`` and ``annotations/<split>`` of ``splits``: the cached ``shapes``
-    set, ``data`` itself (``ADEChallengeData2016`` as downloaded), or ``data``/ADEChallengeData2016."""
+    """The folder with ``images/<split>`` and ``annotations/<split>``: ``shapes``'s, ``data`` or ``data``/ADE_FOLDER."""
     if str(data) == SHAPES_NAME:
         return shapes_root()
     path = Path(data).expanduser()
@@ -337,8 +334,7 @@ class TrainTransform:
 
 
 class EvalTransform:
-    """The image rescaled (ratio kept) to fit ``scale`` and normalised; the label keeps its size (mmseg scores
-    predictions resized back to it)."""
+    """The image rescaled (ratio kept) to fit ``scale`` and normalised; the label keeps its size, as mmseg's."""
 
     def __init__(self, scale: tuple[int, int] = (2048, 512), mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
                  std: Sequence[float] = IMAGENET_DEFAULT_STD):

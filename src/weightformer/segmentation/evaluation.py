@@ -35,8 +35,7 @@ def eval_transform(img_size: int) -> EvalTransform:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, device: torch.device,
              mode: str = "whole", crop: int = 512, stride: int = 341, amp: str = "none") -> dict[str, object]:
-    """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s batches of
-    eval-transformed samples, inferred ``mode`` "whole" or "slide"; every rank returns the whole split's."""
+    """``mIoU``, ``mAcc``, ``aAcc`` and ``per_class_iou`` (percent) of ``model`` on the whole split, on every rank."""
     if mode not in INFERENCE_MODES:
         raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
     was_training = model.training

@@ -14,10 +14,6 @@ from .config import INFERENCE_MODES
 __all__ = ["INFERENCE_MODES", "slide_inference", "whole_inference", "window_starts"]
 
 
-def _pair(value: Union[int, tuple[int, int]]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
 def whole_inference(model: nn.Module, images: Tensor) -> Tensor:
     """``model(images)`` as float32, resized (bilinear) to the images' size if the model returns fewer pixels."""
     logits = model(images)  # (B, K, h, w)
@@ -37,7 +33,8 @@ def slide_inference(model: nn.Module, images: Tensor, crop: Union[int, tuple[int
                     stride: Union[int, tuple[int, int]] = 341) -> Tensor:
     """mmseg's ``slide_inference``: logits averaged over the ``crop`` windows, every ``stride`` px, covering each
     pixel; along a side shorter than the crop the window is the whole side, unpadded."""
-    (crop_h, crop_w), (stride_h, stride_w) = _pair(crop), _pair(stride)
+    (crop_h, crop_w), (stride_h, stride_w) = ((v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+                                              for v in (crop, stride))
     if min(crop_h, crop_w, stride_h, stride_w) <= 0:
         raise ValueError(f"crop {crop} and stride {stride} must be positive")
     if stride_h > crop_h or stride_w > crop_w:

@@ -1,5 +1,4 @@
-"""mIoU, mAcc and aAcc over a whole split, as mmsegmentation's ``IoUMetric``: per class c, over the labelled
-pixels (areas summed over the split before dividing),
+"""mIoU, mAcc and aAcc over a whole split, as mmsegmentation's ``IoUMetric`` (areas summed before dividing):
 
     IoU_c = #{pred = c and label = c} / (#{pred = c} + #{label = c} - #{pred = c and label = c})
     Acc_c = #{pred = c and label = c} / #{label = c}       aAcc = sum_c #{pred = c and label = c} / #{labelled}

@@ -1,11 +1,7 @@
-"""``build_upernet``: a backbone, its feature pyramid and an UperNet head (and auxiliary FCN head on the
-stride-16 level), in one of two protocols:
-
-- ``vim``: BEiT's and Vim's ViT UperNet (hustvl/Vim ``seg/configs/vim/upernet``), four blocks spread over the
-  depth at strides 4-32, at the backbone's width, and a head as wide; the paper's ADE20K protocol.
-- ``simple-pyramid``: ViTDet's simple feature pyramid on the last block (256 wide) and a 512-channel head;
-  the protocol of checkpoints that record none.
-"""
+"""``build_upernet``: a backbone, its feature pyramid, an UperNet head and an auxiliary FCN head, by protocol:
+``vim`` (BEiT's and Vim's ViT UperNet, the paper's ADE20K protocol): four blocks spread over the depth at strides
+4-32 and the backbone's width, a head as wide; ``simple-pyramid`` (the protocol of checkpoints that record none):
+ViTDet's simple feature pyramid on the last block, 256 wide, and a 512-channel head."""
 
 from __future__ import annotations
 
@@ -44,10 +40,8 @@ def build_upernet(backbone: Union[str, nn.Module], num_classes: int, protocol: s
                   channels: Optional[int] = None, pyramid_channels: Optional[int] = None, aux_channels: int = 256,
                   pool_scales: Sequence[int] = (1, 2, 3, 6), out_indices: Optional[Sequence[int]] = None,
                   **kwargs: Any) -> UperNet:
-    """UperNet on ``backbone``: (B, 3, H, W) images -> (B, num_classes, H, W) logits. ``backbone`` is a timm
-    name (built with ``**kwargs``), a timm backbone module (both get ``protocol``'s pyramid: ``vim`` reads
-    blocks ``out_indices``, ``simple-pyramid`` is ``pyramid_channels`` wide), or a ready pyramid (stride 4-32
-    maps, ``out_channels``). ``channels``: the head's width; ``aux_channels`` 0: no auxiliary FCN head."""
+    """UperNet, (B, 3, H, W) images -> (B, num_classes, H, W) logits, on ``backbone``: a timm name (built with
+    ``**kwargs``) or backbone, given ``protocol``'s pyramid, or a ready pyramid (stride 4-32 maps, ``out_channels``)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
     if isinstance(backbone, nn.Module) and isinstance(getattr(backbone, "out_channels", None), int):  # a pyramid

@@ -68,8 +68,7 @@ def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours
     file_colours[offset: offset + len(colours)] = colours
     label = Image.fromarray((classes + offset).astype(np.uint8))  # (H, W) uint8: mode L, P once it has a palette
     label.putpalette(file_colours.flatten().tolist())
-    painted = colours[classes].astype(np.float64)  # (H, W, 3)
-    blend = (1 - alpha) * np.asarray(image, dtype=np.float64) + alpha * painted
+    blend = (1 - alpha) * np.asarray(image, dtype=np.float64) + alpha * colours[classes].astype(np.float64)
     label_path, overlay_path = out / f"{stem}.png", out / f"{stem}_overlay.png"
     label.save(label_path)
     Image.fromarray(np.clip(blend + 0.5, 0, 255).astype(np.uint8)).save(overlay_path)
@@ -80,9 +79,8 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
             use_ema: bool = False, inference: Optional[str] = None, crop: Optional[int] = None,
             stride: Optional[int] = None, alpha: float = 0.5, device: str = "auto", overwrite: bool = False
             ) -> list[tuple[Path, Path, Path]]:
-    """``seg predict``: for each of ``images`` (files or folders), ``<out>/<name>.png`` (the class map) and
-    ``<out>/<name>_overlay.png`` (its colours at opacity ``alpha`` over the image); outputs already there are
-    refused, or with ``overwrite`` moved aside. Returns (image, class map, overlay) per image."""
+    """``seg predict``: ``<out>/<name>.png`` and ``<name>_overlay.png`` (opacity ``alpha``) of each of ``images``
+    (files or folders); outputs already there are refused, or moved aside with ``overwrite``."""
     if not 0 <= alpha <= 1:
         raise ConfigError(f"--alpha must be in [0, 1], got {alpha}")
     out = Path(out)

@@ -1,10 +1,8 @@
 """``shapes``: a small segmentation data set drawn procedurally (a pure function of its seed and sizes), so a
-first run needs no download. Each 64-96 px image is a grainy greyish gradient with 1 to 4 filled circles,
-squares and triangles, each class's colour from its own hue band; annotations in the ADE20K layout:
+first run needs no download: 64-96 px grainy greyish gradients with 1 to 4 circles, squares and triangles, each
+class's colour from its own hue band, annotated in the ADE20K layout as
 
     0 unlabelled (a 1 px ring on each shape's edge)   1 background   2 circle   3 square   4 triangle
-
-:func:`shapes_root` writes it once into the cache through a temporary folder renamed into place.
 """
 
 from __future__ import annotations
@@ -35,13 +33,6 @@ def _greyish(rng: np.random.Generator) -> np.ndarray:  # a low-saturation colour
     return np.clip(grey + rng.normal(0, 20, 3), 0, 255)
 
 
-def _class_colour(rng: np.random.Generator, kind: int) -> tuple[int, int, int]:  # from class kind's hue band
-    hue = rng.uniform(*HUE_BANDS[kind]) % 1.0
-    saturation, value = rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
-    hsv = Image.new("HSV", (1, 1), (int(hue * 255), int(saturation * 255), int(value * 255)))
-    return tuple(hsv.convert("RGB").getpixel((0, 0)))
-
-
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """(H, W, 3) float: a linear gradient between two greyish colours plus Gaussian grain."""
     start, end = _greyish(rng), _greyish(rng)
@@ -64,7 +55,9 @@ def draw_sample(rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
         kind = int(rng.choice([CIRCLE, SQUARE, TRIANGLE]))
         r = rng.uniform(0.12, 0.3) * min(height, width)
         cx, cy = rng.uniform(r * 0.5, width - r * 0.5), rng.uniform(r * 0.5, height - r * 0.5)
-        colour = _class_colour(rng, kind)
+        hue, saturation, value = rng.uniform(*HUE_BANDS[kind]) % 1.0, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
+        hsv = Image.new("HSV", (1, 1), (int(hue * 255), int(saturation * 255), int(value * 255)))
+        colour = tuple(hsv.convert("RGB").getpixel((0, 0)))  # saturated, from the class's band of hues
         if kind == CIRCLE:
             shape, where = "ellipse", [cx - r, cy - r, cx + r, cy + r]
         else:  # a square or triangle of circumradius r, rotated
