@@ -271,8 +271,8 @@ class WeightFormerDiT(nn.Module):
 
     def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
                          guidance: str | None = None) -> Tensor:
-        """DiT's batched guidance over [conditional; unconditional] halves (x's first half for both): ε_u + s·(ε_c −
-        ε_u). ``guidance`` (default: the model's) ``"release"`` guides output channels [0, 3) as DiT does,
+        """DiT's batched guidance, ε_u + s·(ε_c − ε_u), over [conditional; unconditional] halves (x's first half for
+        both). ``guidance`` (default: the model's) ``"release"`` guides output channels [0, 3) as DiT does,
         ``"standard"`` the ``in_channels`` noise channels."""
         mode = guidance or self.guidance
         if mode not in GUIDANCE_MODES:

@@ -51,7 +51,7 @@ def _reader_pool() -> ThreadPoolExecutor:  # for reading many small files' heade
 
 
 def find_root(data: str | os.PathLike, splits: Sequence[str] = SPLITS) -> Path:
-    """The folder with ``images/<split>`` and ``annotations/<split>``: ``shapes``'s, ``data`` or ``data``/ADE_FOLDER."""
+    """The folder with ``images/<split>`` and ``annotations/<split>``: the shapes set's, ``data``, or its ADE_FOLDER."""
     if str(data) == SHAPES_NAME:
         return shapes_root()
     path = Path(data).expanduser()
@@ -97,8 +97,8 @@ def _largest_label(path: str) -> int:
 
 
 def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
-    """The class count when ``--num-classes`` is not given: :func:`class_names`', else the largest label of up
-    to :data:`SCAN_LIMIT` annotations of both splits, else ADE20K's 150, saying so."""
+    """The class count when ``--num-classes`` is not given: that of :func:`class_names`, else the largest label
+    of up to :data:`SCAN_LIMIT` annotations of both splits, else ADE20K's 150, saying so."""
     names = class_names(data, root, reduce_zero)
     if names is not None:
         return FolderClasses(len(names), "the shapes set's" if data == SHAPES_NAME else ADE_CLASS_FILE)

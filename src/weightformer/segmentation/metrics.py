@@ -17,6 +17,7 @@ __all__ = ["SegmentationMetric"]
 
 
 class SegmentationMetric:
+    """Per-class pixel areas (intersection, prediction, label) summed over batches and ranks."""
 
     def __init__(self, num_classes: int, ignore_index: int = 255, device: Optional[torch.device] = None):
         if num_classes <= 0:

@@ -41,7 +41,8 @@ def build_upernet(backbone: Union[str, nn.Module], num_classes: int, protocol: s
                   pool_scales: Sequence[int] = (1, 2, 3, 6), out_indices: Optional[Sequence[int]] = None,
                   **kwargs: Any) -> UperNet:
     """UperNet, (B, 3, H, W) images -> (B, num_classes, H, W) logits, on ``backbone``: a timm name (built with
-    ``**kwargs``) or backbone, given ``protocol``'s pyramid, or a ready pyramid (stride 4-32 maps, ``out_channels``)."""
+    ``**kwargs``) or backbone, given ``protocol``'s pyramid, or a ready pyramid (stride 4-32 maps, ``out_channels``).
+    ``channels``: the head's width (default: the pyramid's under ``vim``, else 512); ``aux_channels`` 0: no FCN head."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
     if isinstance(backbone, nn.Module) and isinstance(getattr(backbone, "out_channels", None), int):  # a pyramid

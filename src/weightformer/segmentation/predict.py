@@ -80,7 +80,7 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
             stride: Optional[int] = None, alpha: float = 0.5, device: str = "auto", overwrite: bool = False
             ) -> list[tuple[Path, Path, Path]]:
     """``seg predict``: ``<out>/<name>.png`` and ``<name>_overlay.png`` (opacity ``alpha``) of each of ``images``
-    (files or folders); outputs already there are refused, or moved aside with ``overwrite``."""
+    (files or folders), outputs already there refused or moved aside (``overwrite``); (image, map, overlay)s."""
     if not 0 <= alpha <= 1:
         raise ConfigError(f"--alpha must be in [0, 1], got {alpha}")
     out = Path(out)
