@@ -62,8 +62,7 @@ def to_uint8(x: Tensor, pad: int = 0) -> np.ndarray:
 
 
 class DiffusionImages(Dataset):
-    """(image (C, S, S) in [-1, 1], label) of a split; with ``hflip`` > 0, each image is flipped with that
-    probability, drawn from (seed, epoch, index) so that a resumed run sees the same flips."""
+    """(image (C, S, S) in [-1, 1], label) of a split, flipped with probability ``hflip`` by (seed, epoch, index)."""
 
     def __init__(self, base: Dataset, geometry: ImageGeometry, hflip: float = 0.0, seed: int = 0):
         self.base, self.geometry, self.hflip, self.seed, self.epoch = base, geometry, hflip, seed, 0

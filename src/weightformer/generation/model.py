@@ -311,8 +311,7 @@ def checkpoint_filter_fn(state_dict: Mapping[str, Tensor], model: WeightFormerDi
 
 
 def load_release_state_dict(model: WeightFormerDiT, state_dict: Mapping[str, Any]) -> None:
-    """Load a release (or DiT training) checkpoint into ``model``, strictly: its ``ema`` entry, else ``model``,
-    else the mapping itself."""
+    """Load a release (or DiT training) checkpoint into ``model``, strictly: its ``ema``, else ``model``, or itself."""
     for entry in ("ema", "model"):
         if isinstance(state_dict.get(entry), Mapping):
             state_dict = state_dict[entry]
