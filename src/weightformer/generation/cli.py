@@ -1,5 +1,4 @@
-"""Generation on the command line: ``weightformer gen train|sample|eval``; ``sample`` and ``eval`` are thin
-layers over :func:`.pipeline.generate` and :func:`.pipeline.evaluate_samples_file`."""
+"""``weightformer gen sample|eval``: thin layers over :func:`.pipeline.generate` and ``evaluate_samples_file``."""
 
 from __future__ import annotations
 

@@ -24,8 +24,7 @@ MNIST_PADDED = 32  # 28 px digits padded by 2 px a side, so that patches of 2, 4
 
 @dataclass(frozen=True)
 class ImageGeometry:
-    """How the data's images become model inputs: ``size`` px square, ``pad`` px of zero border added
-    to ``size - 2·pad`` px originals (MNIST), ``channels`` channels."""
+    """Model inputs: ``size`` px square, ``pad`` px of zero border around ``size - 2·pad`` px originals (MNIST)."""
 
     size: int
     pad: int
@@ -63,12 +62,10 @@ def to_uint8(x: Tensor, pad: int = 0) -> np.ndarray:
 
 
 class DiffusionImages(Dataset):
-    """(image (C, S, S) in [-1, 1], label) of a split; with ``hflip`` > 0, each image is flipped with that
-    probability, drawn from (seed, epoch, index) so that a resumed run sees the same flips."""
+    """(image (C, S, S) in [-1, 1], label) of a split, flipped with probability ``hflip`` by (seed, epoch, index)."""
 
     def __init__(self, base: Dataset, geometry: ImageGeometry, hflip: float = 0.0, seed: int = 0):
-        self.base, self.geometry, self.hflip, self.seed = base, geometry, hflip, seed
-        self.epoch = 0
+        self.base, self.geometry, self.hflip, self.seed, self.epoch = base, geometry, hflip, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

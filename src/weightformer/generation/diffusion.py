@@ -1,19 +1,11 @@
-"""DiT's Gaussian diffusion: a linear β schedule over 1000 steps, ε-prediction with learned σ, the
-hybrid loss L_simple + L_vlb, and one reverse step of DDPM or DDIM on a respaced schedule.
-
-Following DiT (itself ADM / improved DDPM), the model's second half of channels v ∈ [-1, 1] sets the
-reverse variance by log-interpolation, log σ² = ((v+1)/2)·log β_t + (1 − (v+1)/2)·log β̃_t, with β̃_t
-the posterior variance. The VLB term trains v only (the mean is
-frozen in it): KL(q(x_{t-1}|x_t,x_0) ‖ p(x_{t-1}|x_t)) in bits per dimension, and at t = 0 the
-discretised Gaussian decoder NLL. diffusers has no VLB, so it is written here.
-
-Sampling uses K of the 1000 steps, DiT's "respacing": the timesteps round(linspace(0, 999, K)), the
-model fed the original timestep, β'_i = 1 − ᾱ_{t_i}/ᾱ_{t_{i-1}}. A DDPM step is diffusers'
-``DDPMScheduler`` (``variance_type="learned_range"``, custom timesteps), whose step is DiT's exactly
-(tests/test_generation_diffusion.py checks it against the formulas, in float64). A DDIM step is
-written here: diffusers' ``DDIMScheduler`` takes the previous timestep as t − 1000/K, which is not
-the previous timestep of DiT's rounded-linspace schedule, so it would sample a different chain.
-"""
+"""DiT's Gaussian diffusion: a linear β schedule over 1000 steps, ε-prediction with learned σ, the hybrid loss
+L_simple + L_vlb, and DDPM or DDIM reverse steps on a respaced schedule. The model's second half of channels
+v ∈ [-1, 1] sets log σ² = ((v+1)/2)·log β_t + (1 − (v+1)/2)·log β̃_t (β̃_t the posterior variance). L_vlb trains
+v only: KL(q(x_{t-1}|x_t,x_0) ‖ p(x_{t-1}|x_t)) in bits per dimension, the discretised Gaussian decoder NLL at
+t = 0 (diffusers has no VLB). Sampling uses DiT's respacing, timesteps round(linspace(0, 999, K)), the model
+fed the original timestep. The DDPM step is diffusers' ``DDPMScheduler`` (learned_range, custom timesteps),
+DiT's exactly; the DDIM step is written here: diffusers' ``DDIMScheduler`` steps from t to t − 1000/K, not to
+the previous timestep of the rounded linspace."""
 
 from __future__ import annotations
 
@@ -47,15 +39,13 @@ def normal_kl(mean1: Tensor, logvar1: Tensor, mean2: Tensor, logvar2: Tensor) ->
     return 0.5 * (-1.0 + logvar2 - logvar1 + torch.exp(logvar1 - logvar2) + (mean1 - mean2) ** 2 * torch.exp(-logvar2))
 
 
-def _approx_standard_normal_cdf(x: Tensor) -> Tensor:
-    """ADM's tanh approximation of Φ, kept for identical losses."""
+def _approx_standard_normal_cdf(x: Tensor) -> Tensor:  # ADM's tanh approximation of Φ
     return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
 def discretized_gaussian_log_likelihood(x: Tensor, means: Tensor, log_scales: Tensor) -> Tensor:
     """log p(x) of data in [-1, 1] quantised to 256 levels under N(means, e^{2·log_scales}), elementwise, nats."""
-    centered = x - means
-    inv_std = torch.exp(-log_scales)
+    centered, inv_std = x - means, torch.exp(-log_scales)
     cdf_plus = _approx_standard_normal_cdf(inv_std * (centered + 1.0 / 255.0))
     cdf_min = _approx_standard_normal_cdf(inv_std * (centered - 1.0 / 255.0))
     log_cdf_plus = torch.log(cdf_plus.clamp(min=1e-12))
@@ -69,11 +59,8 @@ def _mean_flat(x: Tensor) -> Tensor:
 
 
 class GaussianDiffusion:
-    """The 1000-step process with its float64 coefficients, the training loss, and reverse steps.
-
-    ``learn_sigma``: the model returns 2C channels (ε, v) and the loss adds the VLB term; otherwise C
-    channels (ε) and the loss is L_simple with the fixed posterior variance.
-    """
+    """The 1000-step process with its float64 coefficients, the training loss, and reverse steps. With
+    ``learn_sigma`` the model returns (ε, v), 2C channels, and the loss adds the VLB term; else ε alone."""
 
     def __init__(self, num_timesteps: int = NUM_TIMESTEPS, learn_sigma: bool = True):
         self.num_timesteps, self.learn_sigma = num_timesteps, learn_sigma
@@ -129,19 +116,15 @@ class GaussianDiffusion:
         nll = -_mean_flat(discretized_gaussian_log_likelihood(x0, mean, 0.5 * log_var)) / math.log(2.0)
         return torch.where(t == 0, nll, kl)
 
-    def snr(self, t: Tensor) -> Tensor:
-        """The signal-to-noise ratio ᾱ_t / (1 − ᾱ_t) at timesteps t (B,), float64."""
+    def snr(self, t: Tensor) -> Tensor:  # ᾱ_t / (1 − ᾱ_t) at timesteps t (B,), float64
         acp = self.table["alphas_cumprod"].to(t.device)[t]
         return acp / (1.0 - acp)
 
     def training_losses(self, model_output_fn, x0: Tensor, t: Tensor, noise: Tensor | None = None,
                         min_snr_gamma: float | None = None) -> dict[str, Tensor]:
-        """Per-sample losses (B,): ``mse`` (L_simple), ``vb`` (with the mean frozen; 0 without learned σ)
-        and ``loss = w_t·mse + vb``. ``model_output_fn(x_t, t)`` runs the model.
-
-        w_t = 1 (DiT), or with ``min_snr_gamma`` = γ the Min-SNR weight min(SNR_t, γ)/SNR_t of ε-prediction
-        (Hang et al., arXiv 2303.09556): the nearly noise-free steps, whose ε is hard to see and says
-        little about the picture, stop dominating the loss."""
+        """Per-sample (B,) ``mse`` (L_simple), ``vb`` (mean frozen; 0 without learned σ) and ``loss = w_t·mse + vb``:
+        w_t = 1 (DiT), or Min-SNR's min(SNR_t, γ)/SNR_t with ``min_snr_gamma`` = γ (Hang et al., arXiv 2303.09556).
+        ``model_output_fn(x_t, t)`` runs the model."""
         noise = torch.randn_like(x0) if noise is None else noise
         xt = self.q_sample(x0, t, noise)
         out = model_output_fn(xt, t)
@@ -158,12 +141,8 @@ class GaussianDiffusion:
             weighted = mse * (snr.clamp(max=min_snr_gamma) / snr).to(mse.dtype)
         return {"loss": weighted + vb, "mse": mse, "vb": vb}
 
-    # ---------------------------------------------------------------------------------------------
-    # Reverse steps on a respaced schedule
-    # ---------------------------------------------------------------------------------------------
     def ddpm_scheduler(self, timesteps: list[int], clip: bool) -> DDPMScheduler:
-        """diffusers' DDPM step over ``timesteps`` (descending, ending at 0), with this process's
-        float64 ᾱ (diffusers builds its table in float32)."""
+        """diffusers' DDPM step over ``timesteps`` (descending, to 0), with this process's float64 ᾱ."""
         scheduler = DDPMScheduler(num_train_timesteps=self.num_timesteps, beta_schedule="linear", beta_start=1e-4,
                                   beta_end=0.02, variance_type="learned_range" if self.learn_sigma else "fixed_small_log",
                                   clip_sample=clip, prediction_type="epsilon")
@@ -174,13 +153,9 @@ class GaussianDiffusion:
 
     def ddim_step(self, model_output: Tensor, xt: Tensor, t: int, t_prev: int, eta: float = 0.0, clip: bool = False,
                   generator: torch.Generator | None = None) -> Tensor:
-        """DiT's DDIM step from timestep t to t_prev (−1: to x0, ᾱ = 1). ε is re-derived from the
-        (clipped) x0, as DiT does; η = 0 is deterministic."""
-        C = xt.shape[1]
-        acp = self.table["alphas_cumprod"]
-        a_t = acp[t].item()
-        a_prev = acp[t_prev].item() if t_prev >= 0 else 1.0
-        eps = model_output[:, :C]
+        """DiT's DDIM step from t to t_prev (−1: x0), ε re-derived from the (clipped) x0; η = 0: deterministic."""
+        acp, eps = self.table["alphas_cumprod"], model_output[:, :xt.shape[1]]
+        a_t, a_prev = acp[t].item(), acp[t_prev].item() if t_prev >= 0 else 1.0
         x0 = (xt - math.sqrt(1 - a_t) * eps) / math.sqrt(a_t)
         if clip:
             x0 = x0.clamp(-1, 1)

@@ -1,13 +1,6 @@
-"""Scores of generated images against a reference set.
-
-With the standard Inception weights on disk (torch-fidelity's ``pt_inception-2015-12-05`` file), FID,
-Inception Score, precision and recall come from torch-fidelity. They cannot be downloaded here, so
-offline the scores are those of a *judge*: a small CNN classifier trained on the same data's training
-split, independent of any generator (cached under ``~/.cache/weightformer/judges``). It gives the
-class-conditional accuracy of the samples (does a sample of class k look like a k?) and a Fréchet
-distance between its penultimate features of the samples and of the reference images, not comparable
-to published FID.
-"""
+"""Scores of generated images: FID, Inception Score, precision and recall by torch-fidelity with its Inception
+weights on disk; always, a *judge*'s (a small CNN trained on the data's training split, cached under
+``~/.cache/weightformer/judges``): the samples' class accuracy and a Fréchet distance of its features."""
 
 from __future__ import annotations
 
@@ -39,31 +32,20 @@ def _conv_bn(cin: int, cout: int) -> list[nn.Module]:
 
 
 class Judge(nn.Module):
-    """A small CNN classifier of uint8 images (three conv-BN-ReLU stages, a 3×3 spatial pooling that keeps
-    where the strokes are, a 128-d hidden layer); ``features`` is that 128-d penultimate layer."""
+    """A small CNN classifier of uint8 images: three conv-BN-ReLU stages, 3×3 pooling, 128-d ``features``."""
 
     def __init__(self, channels: int, num_classes: int):
         super().__init__()
-        self.body = nn.Sequential(
-            *_conv_bn(channels, 16), nn.MaxPool2d(2),
-            *_conv_bn(16, 32), nn.MaxPool2d(2),
-            *_conv_bn(32, 64), nn.AdaptiveAvgPool2d(3), nn.Flatten(),  # (B, 64 * 3 * 3)
-            nn.Linear(64 * 9, 128), nn.ReLU(),
-        )
+        self.body = nn.Sequential(*_conv_bn(channels, 16), nn.MaxPool2d(2), *_conv_bn(16, 32), nn.MaxPool2d(2),
+                                  *_conv_bn(32, 64), nn.AdaptiveAvgPool2d(3), nn.Flatten(),  # (B, 64 * 3 * 3)
+                                  nn.Linear(64 * 9, 128), nn.ReLU())
         self.head = nn.Linear(128, num_classes)
 
     def features(self, images: Tensor) -> Tensor:  # uint8 (B, H, W, C) -> (B, 128)
-        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1
-        return self.body(x)
+        return self.body(images.permute(0, 3, 1, 2).float() / 127.5 - 1)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.head(self.features(images))
-
-
-def _judge_path(images: np.ndarray, labels: np.ndarray) -> Path:
-    digest = hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "weightformer" / "judges"
-    return cache / f"judge_{digest}_v{JUDGE_VERSION}_e{JUDGE_EPOCHS}.safetensors"
 
 
 def _random_shift(images: Tensor, shift: int, generator: torch.Generator) -> Tensor:
@@ -80,7 +62,9 @@ def train_judge(images: np.ndarray, labels: np.ndarray, num_classes: int, seed: 
                 progress: bool = True) -> Judge:
     """The judge trained on uint8 ``images`` (N, H, W, C) and ``labels``; cached by the data's hash."""
     judge = Judge(images.shape[-1], num_classes)
-    path = _judge_path(images, labels)
+    digest = hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "weightformer" / "judges"
+    path = cache / f"judge_{digest}_v{JUDGE_VERSION}_e{JUDGE_EPOCHS}.safetensors"
     if path.is_file():
         judge.load_state_dict(load_file(path))
         return judge.eval()
@@ -115,12 +99,8 @@ def _judge_outputs(judge: Judge, images: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """‖μ_a − μ_b‖² + Tr(Σ_a + Σ_b − 2(Σ_aΣ_b)^½) of two feature sets (N, D), FID's formula.
-
-    Tr((Σ_aΣ_b)^½) is the sum of the square roots of the eigenvalues of the symmetric PSD matrix
-    Σ_a^½ Σ_b Σ_a^½ (similar to Σ_aΣ_b): the value of pytorch-fid's ``scipy.linalg.sqrtm`` of the product
-    (tests/test_generation_task.py compares them), without the offset sqrtm needs for singular covariances
-    (fewer samples than dimensions, or dead ReLU features, as the judge's are)."""
+    """FID's ‖μ_a − μ_b‖² + Tr(Σ_a + Σ_b − 2(Σ_aΣ_b)^½) of feature sets (N, D), Tr((Σ_aΣ_b)^½) from the eigenvalues
+    of the PSD Σ_a^½ Σ_b Σ_a^½: pytorch-fid's value without the offset its ``sqrtm`` needs for singular Σ."""
     mu_a, mu_b = a.mean(0), b.mean(0)
     cov_a, cov_b = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
     values, vectors = np.linalg.eigh(cov_a)
@@ -136,11 +116,9 @@ def judge_metrics(judge: Judge, samples: np.ndarray, sample_labels: np.ndarray, 
     Fréchet distance of their features (``judge_fd``, not comparable to published FID)."""
     sample_feats, sample_preds = _judge_outputs(judge, samples)
     ref_feats, ref_preds = _judge_outputs(judge, reference)
-    return {
-        "class_accuracy": float((sample_preds == sample_labels).mean()),
-        "judge_reference_accuracy": float((ref_preds == reference_labels).mean()),
-        "judge_fd": frechet_distance(sample_feats, ref_feats),
-    }
+    return {"class_accuracy": float((sample_preds == sample_labels).mean()),
+            "judge_reference_accuracy": float((ref_preds == reference_labels).mean()),
+            "judge_fd": frechet_distance(sample_feats, ref_feats)}
 
 
 def find_inception(explicit: str | None) -> Path | None:

@@ -45,8 +45,7 @@ def vae_downsampling(vae: nn.Module) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1)
 
 
-def _fit_channels(x: Tensor, channels: int) -> Tensor:
-    """Grey images repeated to the VAE's RGB input."""
+def _fit_channels(x: Tensor, channels: int) -> Tensor:  # grey images repeated to the VAE's RGB input
     if x.shape[1] == channels:
         return x
     if x.shape[1] == 1:
@@ -62,9 +61,7 @@ def encode_split(vae: nn.Module, images: Dataset, cache_dir: Path | None, key: s
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     cache = cache_dir / f"{digest}.safetensors" if cache_dir is not None else None
     if cache is not None and cache.is_file():
-        with open(cache.with_suffix(".json")) as f:
-            stored = json.load(f)
-        if stored.get("key") == digest:
+        if json.loads(cache.with_suffix(".json").read_text()).get("key") == digest:
             tensors = load_file(cache)
             return TensorDataset(tensors["latents"], tensors["labels"])
     scale = vae_scale_factor(vae)

@@ -1,30 +1,16 @@
 """WeightFormer-DiT: DiT (Peebles and Xie, 2023) with WeightFormer blocks in place of attention, and the
-attention DiT baseline in the same code.
-
-The block is the authors' release (``model/wfm_dit.py`` in LeapLabTHU/WeightFormer), which differs
-from the classification block of :mod:`weightformer.models.weightformer`:
-
-- every block, static or dynamic, first replaces the residual stream by an affine-free LayerNorm of
-  it, ``x = LN(x)`` (the classifier does that in dynamic blocks only, with an affine LayerNorm);
-- adaLN-Zero: ``c = t_emb + y_emb`` gives six vectors per block, the shift, scale and gate of each branch;
-- the token mixer is a 3×3 depthwise conv applied to the modulated stream and gated,
-  ``x = x + g₁ ⊙ DWC(LN(x)·(1 + s₁) + b₁)`` (DiT's ``x + g₁ ⊙ Attn(modulate(LN(x)))``);
-- the MLP (tanh-GELU) reads ``modulate(LN(x))`` and is gated, as in DiT;
-- blocks 1, 4, 7, ... use :class:`~weightformer.layers.DynamicDWConv` and a
-  :class:`~weightformer.layers.DynamicLinear` first MLP layer, whose formulas are exactly the
-  release's ``DynCnn`` and ``DynLinear`` (2×2-pooled bilateral predictor with C^-½/N scale and
-  column normalisation; 3×3-pooled kernel predictor with per-channel normalisation);
-- fixed 2-D sin-cos position embeddings, the timestep's sinusoidal embedding (cos first) and a label
-  table with one extra row for the dropped (unconditional) label.
-
-The release's state dicts load through :func:`checkpoint_filter_fn` (it renames the dynamic layers'
-parameters and transposes ``DynLinear.w``); every other key is the release's own.
-"""
+attention DiT in the same code. The block is the authors' release (``model/wfm_dit.py`` in
+LeapLabTHU/WeightFormer), unlike the classifier's: every block first sets ``x = LN(x)`` (affine-free); adaLN-Zero
+gives each branch a shift, scale and gate from ``c = t_emb + y_emb``; the mixer is a gated 3×3 depthwise conv,
+``x = x + g₁ ⊙ DWC(LN(x)·(1 + s₁) + b₁)``, and the tanh-GELU MLP reads ``modulate(LN(x))``, as in DiT. Blocks
+1, 4, 7, ... use :class:`~weightformer.layers.DynamicDWConv` and a :class:`~weightformer.layers.DynamicLinear`
+first MLP layer (the release's ``DynCnn`` and ``DynLinear``); :func:`checkpoint_filter_fn` reads its state dicts."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -42,15 +28,12 @@ __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBloc
 
 FREQUENCY_EMBEDDING_SIZE = 256  # DiT's timestep frequency embedding width
 RELEASE_GUIDED_CHANNELS = 3  # the release (and DiT) guide output channels [0, 3) "for exact reproducibility"
+_tanh_gelu = partial(nn.GELU, approximate="tanh")
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     """adaLN: x·(1 + scale) + shift, with (B, C) conditioning broadcast over the tokens of x (B, N, C)."""
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
-
-
-def _tanh_gelu() -> nn.Module:
-    return nn.GELU(approximate="tanh")
 
 
 class TimestepEmbedder(nn.Module):
@@ -74,8 +57,7 @@ class LabelEmbedder(nn.Module):
     def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float):
         super().__init__()
         self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
-        self.num_classes = num_classes
-        self.dropout_prob = dropout_prob
+        self.num_classes, self.dropout_prob = num_classes, dropout_prob
 
     def forward(self, labels: Tensor, train: bool, force_drop: Tensor | None = None) -> Tensor:
         if force_drop is not None:
@@ -93,8 +75,7 @@ class WeightFormerDiTBlock(nn.Module):
                  linear_predictor: str = "bilateral"):
         super().__init__()
         hidden = int(hidden_size * mlp_ratio)
-        self.grid = grid
-        self.dynamic = dynamic
+        self.grid, self.dynamic = grid, dynamic
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
@@ -109,8 +90,7 @@ class WeightFormerDiTBlock(nn.Module):
 
     def forward(self, x: Tensor, c: Tensor) -> Tensor:  # x (B, N, C), c (B, C)
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=1)
-        B, N, C = x.shape
-        H, W = self.grid
+        (B, N, C), (H, W) = x.shape, self.grid
         x = self.norm1(x)
         mixed = modulate(x, shift1, scale1).reshape(B, H, W, C).permute(0, 3, 1, 2)  # (B, C, H, W), channels-last
         x = x + gate1.unsqueeze(1) * self.dwc(mixed).flatten(2).transpose(1, 2)  # (B, N, C)
@@ -119,8 +99,7 @@ class WeightFormerDiTBlock(nn.Module):
         return x + gate2.unsqueeze(1) * self._act_linear2(h)
 
     def _act_linear2(self, h: Tensor) -> Tensor:
-        """linear2(act(h)); with the stock GELU and linear layer, as one op that keeps only h for the
-        backward pass (:func:`~weightformer.layers.gelu_linear.gelu_linear`) instead of h and act(h)."""
+        """linear2(act(h)); for stock modules one op that keeps only h for backward (:func:`gelu_linear`)."""
         act, linear2 = self.act, self.linear2
         if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
             if type(act) is nn.GELU and type(linear2) is nn.Linear and hookless(act, linear2):
@@ -128,8 +107,7 @@ class WeightFormerDiTBlock(nn.Module):
         return linear2(act(h))
 
     def can_run_in_place(self) -> bool:
-        """Whether :meth:`forward_in_place_` computes what ``forward`` does: stock modules, fast-path
-        dynamic layers, and no hook that it would skip (the block's own included)."""
+        """Whether :meth:`forward_in_place_` is ``forward``: stock modules, fast-path dynamic layers, no hooks."""
         m = self._modules
         norm1, norm2, dwc, linear1, act, linear2 = m["norm1"], m["norm2"], m["dwc"], m["linear1"], m["act"], m["linear2"]
         return (
@@ -141,12 +119,10 @@ class WeightFormerDiTBlock(nn.Module):
         )
 
     def forward_in_place_(self, x: Tensor, c: Tensor) -> None:
-        """``x = self(x, c)`` in place, without gradients, for a contiguous x (B, N, C) that the caller owns:
-        LN(x) overwrites x chunk by chunk, the gated conv output is added into it, and the MLP adds each chunk
-        of tokens' gated output into x. Holds x, the modulated stream and the conv's output at most."""
+        """``x = self(x, c)`` in place, without gradients, for a contiguous x (B, N, C) the caller owns, chunk by
+        chunk of tokens: holds x, the modulated stream and the conv's output at most."""
         shift1, scale1, gate1, shift2, scale2, gate2 = (m.unsqueeze(1) for m in self.adaLN_modulation(c).chunk(6, dim=1))
-        B, N, C = x.shape
-        H, W = self.grid
+        (B, N, C), (H, W) = x.shape, self.grid
         step = tokens_per_chunk(N, self.linear2.in_features, x.element_size(), N)
         for start in range(0, N, step):
             chunk = x[:, start:start + step]
@@ -171,8 +147,7 @@ class WeightFormerDiTBlock(nn.Module):
 
 
 class DiTBlock(nn.Module):
-    """DiT's block: x += g₁·Attn(mod(LN(x))); x += g₂·MLP(mod(LN(x))), attention through
-    F.scaled_dot_product_attention (timm's ``Attention``), DiT's key names."""
+    """DiT's block: x += g₁·Attn(mod(LN(x))); x += g₂·MLP(mod(LN(x))), timm's ``Attention``, DiT's key names."""
 
     def __init__(self, hidden_size: int, mlp_ratio: float, num_heads: int):
         super().__init__()
@@ -202,8 +177,7 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
     def forward_in_place_(self, x: Tensor, c: Tensor, step: int) -> Tensor:
-        """``self(x, c)`` without gradients, computed in x itself (which it overwrites), ``step`` tokens at
-        a time: no other tensor of x's size. x (B, N, C) -> (B, N, p·p·out_channels)."""
+        """``self(x, c)`` without gradients, overwriting x (B, N, C) ``step`` tokens at a time -> (B, N, p·p·out)."""
         shift, scale = (m.unsqueeze(1) for m in self.adaLN_modulation(c).chunk(2, dim=1))
         for start in range(0, x.shape[1], step):
             chunk = x[:, start:start + step]
@@ -212,17 +186,8 @@ class FinalLayer(nn.Module):
 
 
 class WeightFormerDiT(nn.Module):
-    """Class-conditional diffusion transformer with DiT's constructor and interface.
-
-    ``mixer="weightformer"`` builds the release's WeightFormer-DiT (blocks 1, 4, 7, ... dynamic),
-    ``mixer="attention"`` DiT itself (``num_heads`` heads). ``forward(x, t, y)`` returns
-    (B, out_channels, H, W): the noise prediction, then (``learn_sigma``) the variance interpolation
-    values. ``guidance`` picks what :meth:`forward_with_cfg` guides by default: ``"release"`` the first
-    three output channels as the release and DiT do, ``"standard"`` all ``in_channels`` noise channels.
-    ``linear_predictor`` and ``dynamic_period`` (WeightFormer only) choose the dynamic MLP layer's
-    predictor and which blocks are dynamic, as for the classifier: ``"double_centered"`` with period 1 is the
-    long-range design (``wf_dit_long_range_*``, see :mod:`.variants`).
-    """
+    """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
+    classifier, ``linear_predictor`` and ``dynamic_period`` choose the dynamic MLP predictor and dynamic blocks."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
@@ -238,8 +203,7 @@ class WeightFormerDiT(nn.Module):
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
-        self.learn_sigma = learn_sigma
-        self.out_channels = in_channels * 2 if learn_sigma else in_channels
+        self.learn_sigma, self.out_channels = learn_sigma, in_channels * 2 if learn_sigma else in_channels
         self.num_classes, self.mixer, self.guidance = num_classes, mixer, guidance
         side = input_size // patch_size
         self.grid = (side, side)
@@ -258,9 +222,8 @@ class WeightFormerDiT(nn.Module):
         self.initialize_weights()
 
     def initialize_weights(self) -> None:
-        """DiT's initialisation: Xavier-uniform linear layers (the patch embedding too), N(0, 0.02) label
-        table and timestep MLP, zeroed adaLN and output layers (adaLN-Zero). The dynamic layers' static
-        weights keep the release's truncated normal (they are not ``nn.Linear``)."""
+        """DiT's: Xavier-uniform linear layers and patch embedding, N(0, 0.02) label table and timestep MLP, zeroed
+        adaLN and output layers (adaLN-Zero); the dynamic layers keep the release's truncated normal."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -269,17 +232,15 @@ class WeightFormerDiT(nn.Module):
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.zeros_(self.x_embedder.proj.bias)
-        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        for module in (self.y_embedder.embedding_table, self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
+            nn.init.normal_(module.weight, std=0.02)
         for layer in [*(b.adaLN_modulation[-1] for b in self.blocks), self.final_layer.adaLN_modulation[-1],
                       self.final_layer.linear]:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
     def unpatchify(self, x: Tensor) -> Tensor:  # (B, N, p·p·C) -> (B, C, H, W)
-        p, c = self.patch_size, self.out_channels
-        h, w = self.grid
+        (h, w), p, c = self.grid, self.patch_size, self.out_channels
         x = x.reshape(x.shape[0], h, w, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
@@ -310,12 +271,9 @@ class WeightFormerDiT(nn.Module):
 
     def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
                          guidance: str | None = None) -> Tensor:
-        """DiT's batched classifier-free guidance: the batch is [conditional half; unconditional half]
-        (y's second half the null label); the first half of x is used for both halves, and the output
-        is ε_u + s·(ε_c − ε_u) for both. ``guidance`` (default: the model's) ``"release"`` guides the
-        first three output channels, as DiT and the release do (for 4-channel latents: three of the
-        four noise channels; for 1-channel images: the noise and the variance channel), ``"standard"``
-        the ``in_channels`` noise channels, the usual definition."""
+        """DiT's batched guidance, ε_u + s·(ε_c − ε_u), over [conditional; unconditional] halves (x's first half for
+        both). ``guidance`` (default: the model's) ``"release"`` guides output channels [0, 3) as DiT does,
+        ``"standard"`` the ``in_channels`` noise channels."""
         mode = guidance or self.guidance
         if mode not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {mode!r}")
@@ -329,24 +287,15 @@ class WeightFormerDiT(nn.Module):
 
 
 # The release's names of the dynamic layers' parameters -> ours (the static DynLinear weight is (C, O) there).
-_RELEASE_RENAMES = (
-    (r"(blocks\.\d+\.linear1)\.w$", r"\1.weight"),
-    (r"(blocks\.\d+\.linear1)\.b$", r"\1.bias"),
-    (r"(blocks\.\d+\.linear1)\.wfm\.", r"\1.predictor.proj."),
-    (r"(blocks\.\d+\.linear1)\.w1$", r"\1.predictor.in_basis"),
-    (r"(blocks\.\d+\.linear1)\.w2$", r"\1.predictor.out_basis"),
-    (r"(blocks\.\d+\.dwc)\.w$", r"\1.weight"),
-    (r"(blocks\.\d+\.dwc)\.b$", r"\1.bias"),
-    (r"(blocks\.\d+\.dwc)\.wfm\.0\.", r"\1.predictor.fc1."),
-    (r"(blocks\.\d+\.dwc)\.wfm\.2\.", r"\1.predictor.fc2."),
-)
+_RELEASE_RENAMES = tuple((rf"(blocks\.\d+\.{layer})\.{old}", rf"\1.{new}") for layer, old, new in (
+    ("linear1", "w$", "weight"), ("linear1", "b$", "bias"), ("linear1", r"wfm\.", "predictor.proj."),
+    ("linear1", "w1$", "predictor.in_basis"), ("linear1", "w2$", "predictor.out_basis"), ("dwc", "w$", "weight"),
+    ("dwc", "b$", "bias"), ("dwc", r"wfm\.0\.", "predictor.fc1."), ("dwc", r"wfm\.2\.", "predictor.fc2.")))
 
 
 def checkpoint_filter_fn(state_dict: Mapping[str, Tensor], model: WeightFormerDiT | None = None) -> dict[str, Tensor]:
     """A state dict of the release's ``model/wfm_dit.py`` (or one of ours, unchanged) as :class:`WeightFormerDiT`
-    keys. ``model`` is unused (timm's filter contract, which the engine's weights reader calls). Of DiT's
-    training checkpoints ``{"model", "ema", "opt", "args"}`` pass the ``"ema"`` entry (as DiT's sample.py
-    does) or ``"model"``."""
+    keys; ``model`` is unused (timm's filter contract). Of DiT's training checkpoints pass ``"ema"`` or ``"model"``."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
         key = key.removeprefix("module.")
@@ -362,8 +311,7 @@ def checkpoint_filter_fn(state_dict: Mapping[str, Tensor], model: WeightFormerDi
 
 
 def load_release_state_dict(model: WeightFormerDiT, state_dict: Mapping[str, Any]) -> None:
-    """Load a release (or DiT training) checkpoint's weights into ``model``: the ``ema`` entry of a
-    training checkpoint if present, else ``model``, else the mapping itself. Strict: every key must match."""
+    """Load a release (or DiT training) checkpoint into ``model``, strictly: its ``ema``, else ``model``, or itself."""
     for entry in ("ema", "model"):
         if isinstance(state_dict.get(entry), Mapping):
             state_dict = state_dict[entry]

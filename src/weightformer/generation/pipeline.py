@@ -1,12 +1,8 @@
-"""Sampling and evaluation as functions a Python user can call: load a generation checkpoint, draw
-class-conditional images to ``samples.npz`` and ``grid.png``, and score samples against the data's
-held-out images.
-
-    from weightformer.generation.pipeline import evaluate_samples_file, generate, load_generator, save_samples
+"""``gen sample`` and ``gen eval`` as functions, e.g.
 
     loaded = load_generator("runs/gen_mnist_wf_dit_s_4/last.pt")        # its EMA weights
     images, labels = generate(loaded, num_per_class=8, cfg_scale=4.0)   # uint8 (80, 28, 28, 1), int64 (80,)
-    save_samples(images, labels, Path("samples"))
+    save_samples(images, labels, Path("samples"))                       # samples.npz and grid.png
     scores = evaluate_samples_file(Path("samples"), checkpoint="runs/gen_mnist_wf_dit_s_4/last.pt")
 """
 
@@ -35,28 +31,16 @@ __all__ = ["evaluate_samples", "evaluate_samples_file", "generate", "load_genera
 
 
 def load_generator(checkpoint: str, use_ema: bool | None = None, device: str | torch.device = "cpu") -> LoadedModel:
-    """The model of a ``weightformer gen train`` checkpoint on ``device``, with its meta, through the
-    engine's :func:`~weightformer.engine.load_model`: its EMA weights when it has them (``use_ema``
-    None; True insists on them), else, or with ``use_ema=False``, its raw weights."""
+    """A ``gen train`` checkpoint's model and meta on ``device``: with ``use_ema`` None its EMA weights if it has
+    them, else raw; True insists on EMA, False takes the raw weights."""
     return load_model(checkpoint, task="generation", use_ema=use_ema, device=device)
-
-
-def _parse_classes(classes: Sequence[int] | None, meta: dict[str, Any]) -> list[int]:
-    num = meta["num_classes"]
-    chosen = list(range(num)) if not classes else list(classes)
-    bad = [c for c in chosen if not 0 <= c < num]
-    if bad:
-        raise ConfigError(f"class label(s) {bad} unknown: this model knows classes 0 to {num - 1}; pass --classes "
-                          f"in that range")
-    return chosen
 
 
 def generate(loaded: LoadedModel, num_per_class: int, classes: Sequence[int] | None = None, steps: int = 250,
              sampler: str = "ddpm", cfg_scale: float = 1.5, guidance: str | None = None, seed: int = 0,
              batch_size: int = 64, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """``num_per_class`` samples of each class in ``classes`` (default: all) of the model ``loaded``
-    (:func:`load_generator`), as uint8 (N, H, W, C) images and int64 (N,) labels. The same ``seed``
-    gives the same images (on the same device and build)."""
+    """``num_per_class`` samples of each of ``classes`` (default: all) as uint8 (N, H, W, C) images and int64
+    (N,) labels; the same ``seed`` gives the same images on the same device and build."""
     model, meta = loaded.model, loaded.meta
     if cfg_scale < 1:
         raise ConfigError(f"--cfg-scale must be at least 1 (1: no guidance, 1.5 for FID, 4.0 for pictures), got {cfg_scale}")
@@ -64,9 +48,14 @@ def generate(loaded: LoadedModel, num_per_class: int, classes: Sequence[int] | N
         raise ConfigError(f"--num-per-class must be at least 1 and --steps in [1, 1000], got {num_per_class} and {steps}")
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-    labels = torch.tensor([c for c in _parse_classes(classes, meta) for _ in range(num_per_class)], dtype=torch.long)
-    device = next(model.parameters()).device
-    latent = meta.get("latent")
+    num = meta["num_classes"]
+    chosen = list(range(num)) if not classes else list(classes)
+    bad = [c for c in chosen if not 0 <= c < num]
+    if bad:
+        raise ConfigError(f"class label(s) {bad} unknown: this model knows classes 0 to {num - 1}; pass --classes "
+                          f"in that range")
+    labels = torch.tensor([c for c in chosen for _ in range(num_per_class)], dtype=torch.long)
+    device, latent = next(model.parameters()).device, meta.get("latent")
     vae = load_vae(latent["vae"], device) if latent else None
     diffusion = GaussianDiffusion(learn_sigma=model.learn_sigma)
     generator = torch.Generator(device).manual_seed(seed)
@@ -102,8 +91,7 @@ def save_samples(images: np.ndarray, labels: np.ndarray, out: Path) -> None:
 
 
 def read_samples(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The uint8 (N, H, W, C) images and int64 (N,) labels of a ``samples.npz`` (or of the one in the
-    folder ``path``)."""
+    """The uint8 (N, H, W, C) images and int64 (N,) labels of a ``samples.npz`` (or of the one in ``path``)."""
     path = path / "samples.npz" if path.is_dir() else path
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; pass the samples.npz written by weightformer gen sample")
@@ -140,9 +128,8 @@ def reference_images(data: str, image_size: int, pad: int, max_images: int | Non
 
 def evaluate_samples(samples: np.ndarray, labels: np.ndarray, data: str, image_size: int, pad: int,
                      inception: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Scores of ``samples`` against the held-out split of ``data`` (at ``image_size`` px, ``pad`` of it
-    padding): the judge's (always) and, with local Inception weights, FID / IS / precision / recall.
-    ``notes`` says what was not computed."""
+    """Scores of ``samples`` against ``data``'s held-out split: the judge's and, with local Inception weights,
+    FID / IS / precision / recall; ``notes`` says what was not computed."""
     reference, ref_labels, num_classes = reference_images(data, image_size, pad)
     if samples.shape[1:] != reference.shape[1:]:
         raise ConfigError(f"the samples are {samples.shape[1:]} and the {data} images {reference.shape[1:]}; "
@@ -168,8 +155,8 @@ def evaluate_samples(samples: np.ndarray, labels: np.ndarray, data: str, image_s
 
 def evaluate_samples_file(samples: Path, checkpoint: str | None = None, data: str = "mnist",
                           inception: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """:func:`evaluate_samples` of a ``samples.npz`` (or its folder): against the data ``checkpoint``
-    was trained on, at its geometry, or else against ``data`` at the samples' own size."""
+    """:func:`evaluate_samples` of a ``samples.npz`` (or its folder) against ``checkpoint``'s data at its
+    geometry, or else against ``data`` at the samples' own size."""
     images, labels = read_samples(samples)
     if checkpoint is not None:
         meta = load_generator(checkpoint, use_ema=False).meta

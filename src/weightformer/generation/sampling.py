@@ -15,8 +15,7 @@ __all__ = ["SAMPLERS", "sample"]
 
 def _guided_output(model: WeightFormerDiT, x: Tensor, t: int, labels: Tensor, cfg_scale: float,
                    guidance: str | None) -> Tensor:
-    """The model's (ε, v) for x (B, C, H, W) at timestep t; with cfg_scale > 1 DiT's batched guidance,
-    [x; x] with [labels; null], of which the guided first half is returned."""
+    """The model's (ε, v) for x (B, C, H, W) at timestep t; with cfg_scale > 1 by DiT's batched guidance."""
     B = x.shape[0]
     if cfg_scale == 1.0:
         return model(x, torch.full((B,), t, device=x.device), labels)
@@ -30,9 +29,8 @@ def _guided_output(model: WeightFormerDiT, x: Tensor, t: int, labels: Tensor, cf
 def sample(model: WeightFormerDiT, diffusion: GaussianDiffusion, labels: Tensor, steps: int = 250,
            sampler: str = "ddpm", cfg_scale: float = 1.0, guidance: str | None = None, clip: bool = True,
            eta: float = 0.0, generator: torch.Generator | None = None, progress: bool = False) -> Tensor:
-    """Samples (B, in_channels, input_size, input_size) of the classes ``labels`` (B,), in the model's
-    space (pixels in [-1, 1], or latents). ``generator`` (on the model's device) fixes every draw;
-    ``clip`` clamps the predicted x0 to [-1, 1] (pixel space; DiT does not clip latents)."""
+    """Samples (B, in_channels, input_size, input_size) of ``labels`` (B,) in the model's space (pixels or
+    latents); ``generator`` fixes every draw; ``clip`` clamps the predicted x0 to [-1, 1] (pixels only)."""
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
     if cfg_scale < 1.0:

@@ -1,14 +1,11 @@
-"""Segmentation on the command line: ``weightformer seg train|eval|predict``; ``eval`` and ``predict`` are
-thin layers over :func:`.evaluation.evaluate_checkpoint` and :func:`.predict.predict`."""
+"""``weightformer seg eval|predict``: thin layers over :func:`.evaluation.evaluate_checkpoint` and ``predict``."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..engine.cli import (
-    Command, TaskCLI, add_checkpoint_arguments, add_json_argument, finite_float, json_path_argument,
-    print_and_write_results,
-)
+from ..engine.cli import (Command, TaskCLI, add_checkpoint_arguments, add_json_argument, finite_float,
+                          json_path_argument, print_and_write_results)
 from ..engine.device import AMP_MODES
 from .config import INFERENCE_MODES
 
@@ -41,9 +38,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     from .evaluation import evaluate_checkpoint, format_eval
 
     json_path = json_path_argument(args)
-    result = evaluate_checkpoint(args.checkpoint, data=args.data, use_ema=args.ema, inference=args.inference,
-                                 crop=args.crop, stride=args.stride, batch_size=args.batch_size,
-                                 workers=args.workers, amp=args.amp, device=args.device)
+    result = evaluate_checkpoint(args.checkpoint, args.data, args.ema, args.inference, args.crop, args.stride,
+                                 args.batch_size, args.workers, args.amp, args.device)
     print(format_eval(result))
     return print_and_write_results(result, json_path)
 
@@ -61,9 +57,8 @@ def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
 def _run_predict(args: argparse.Namespace) -> int:
     from .predict import predict
 
-    written = predict(args.checkpoint, args.images, args.out, use_ema=args.ema, inference=args.inference,
-                      crop=args.crop, stride=args.stride, alpha=args.alpha, device=args.device,
-                      overwrite=args.overwrite)
+    written = predict(args.checkpoint, args.images, args.out, args.ema, args.inference, args.crop, args.stride,
+                      args.alpha, args.device, args.overwrite)
     for image, label_path, overlay_path in written:
         print(f"{image} -> {label_path}, {overlay_path}")
     print(f"wrote {len(written)} prediction(s) to {args.out}", flush=True)

@@ -1,21 +1,9 @@
-"""Semantic segmentation data in the ADE20K layout, with mmseg's label reduction and augmentation.
+"""Semantic segmentation data in the ADE20K layout, with mmseg's label reduction and augmentation:
 
     <root>/images/{training,validation}/<name>.jpg      (also .jpeg, .png)
     <root>/annotations/{training,validation}/<name>.png  (class index per pixel, palette or grayscale PNG)
 
-``--data`` is such a root, ADE20K's ``ADEChallengeData2016`` as downloaded (it is one), or the folder
-its zip was unpacked in (:func:`find_root`); ``shapes`` is the offline set.
-
-With ``reduce_zero_label`` (ADE20K) label 0 means "unlabelled" and becomes the ignore index 255;
-label v >= 1 becomes class v - 1, and 255 stays ignored. Any data set laid out this way works by
-giving its ``num_classes`` and whether 0 is a class.
-
-Opening a split pairs every image with its annotation and, with ``verify``, compares their sizes from
-the file headers. Label values are checked as each annotation is decoded, and a split whose annotations
-hold no labelled pixel is refused when it opens (:func:`check_labelled`): each a one-line
-:class:`DataError` naming the file and the fix. The number of classes, when not given, is the data's
-(:func:`folder_classes`).
-"""
+With ``reduce_zero_label`` (ADE20K) value 0 is unlabelled (ignore index 255) and v >= 1 is class v - 1."""
 
 from __future__ import annotations
 
@@ -41,11 +29,9 @@ from ..data.transforms import sample_seed
 from .config import IGNORE_INDEX
 from .synthetic import SHAPES_CLASSES, SHAPES_NAME, shapes_root
 
-__all__ = [
-    "ADE_CLASSES", "ADE_FOLDER", "IGNORE_INDEX", "SPLITS", "EvalTransform", "FolderClasses", "SegmentationBatch",
-    "SegmentationFolder", "TrainTransform", "check_labelled", "class_names", "collate_segmentation", "find_root",
-    "folder_classes", "read_label", "reduce_zero_label", "scan_pairs",
-]
+__all__ = ["ADE_CLASSES", "ADE_FOLDER", "IGNORE_INDEX", "SPLITS", "EvalTransform", "FolderClasses", "SegmentationBatch",
+           "SegmentationFolder", "TrainTransform", "check_labelled", "class_names", "collate_segmentation",
+           "find_root", "folder_classes", "read_label", "reduce_zero_label", "scan_pairs"]
 
 SPLITS = ("training", "validation")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -60,27 +46,17 @@ LABEL_SAMPLE = 16  # annotations read when a split opens, to find a labelled pix
 LABEL_CHUNK = 64  # annotations read at a time when the sample held none
 
 
-# Layouts
-
-def _reader_pool() -> ThreadPoolExecutor:
-    """Threads for reading many small files' headers or pixels."""
+def _reader_pool() -> ThreadPoolExecutor:  # for reading many small files' headers or pixels
     return ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1)))
 
 
-def _has_splits(root: Path, splits: Sequence[str]) -> bool:
-    return all((root / kind / split).is_dir() for kind in ("images", "annotations") for split in splits)
-
-
 def find_root(data: str | os.PathLike, splits: Sequence[str] = SPLITS) -> Path:
-    """The folder holding ``images/<split>`` and ``annotations/<split>`` for each of ``splits``: the
-    offline set's for ``shapes`` (written to the cache on first use), ``data`` itself (the ADE20K layout,
-    ``ADEChallengeData2016`` as downloaded), or its ``ADEChallengeData2016`` (``data`` is the folder the
-    zip was unpacked in). Anything else is a one-line DataError saying what was looked for."""
+    """The folder with ``images/<split>`` and ``annotations/<split>``: the shapes set's, ``data``, or its ADE_FOLDER."""
     if str(data) == SHAPES_NAME:
         return shapes_root()
     path = Path(data).expanduser()
     for root in (path, path / ADE_FOLDER):
-        if _has_splits(root, splits):
+        if all((root / kind / split).is_dir() for kind in ("images", "annotations") for split in splits):
             return root
     names = splits[0] if len(splits) == 1 else "{" + ",".join(splits) + "}"
     state = "does not exist" if not path.exists() else "is not a folder" if not path.is_dir() else \
@@ -90,17 +66,13 @@ def find_root(data: str | os.PathLike, splits: Sequence[str] = SPLITS) -> Path:
                     f"and for the same in {path / ADE_FOLDER}/; pass such a folder, or shapes")
 
 
-# Classes
-
 class FolderClasses(NamedTuple):
-    """How many classes a data set has, and where the count comes from."""
-
-    count: int
-    source: str  # for the run's data line: "objectInfo150.txt", "the largest label in 300 annotations", ...
+    count: int  # the data set's classes
+    source: str  # where the count comes from: "objectInfo150.txt", "the largest label in 300 annotations", ...
 
 
 def ade_class_names(root: Path) -> Optional[list[str]]:
-    """The first name of each class row of ADE20K's ``objectInfo150.txt`` in ``root``, or None without one."""
+    """The first name of each class row of ADE20K's ``objectInfo150.txt`` in ``root``, or None."""
     try:
         lines = (root / ADE_CLASS_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:  # not there (any other data set), or unreadable: count the annotations instead
@@ -111,8 +83,7 @@ def ade_class_names(root: Path) -> Optional[list[str]]:
 
 
 def class_names(data: str, root: Path, reduce_zero: bool) -> Optional[list[str]]:
-    """The names of the classes, where the data gives them: the shapes set's, or those of ADE20K's
-    ``objectInfo150.txt`` (with value 0, "other", as the first class without ``reduce_zero``)."""
+    """The shapes set's class names, or ADE20K's (value 0, "other", first without ``reduce_zero``), or None."""
     if data == SHAPES_NAME:
         return list(SHAPES_CLASSES)
     names = ade_class_names(root)
@@ -120,17 +91,14 @@ def class_names(data: str, root: Path, reduce_zero: bool) -> Optional[list[str]]
 
 
 def _largest_label(path: str) -> int:
-    """The largest value of an annotation other than the ignore index, or -1 if it has none."""
     raw = _label_pixels(path)
     values = raw[raw != IGNORE_INDEX]
     return int(values.max()) if values.size else -1
 
 
 def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
-    """The classes of the data set ``data`` (found at ``root``) when ``--num-classes`` is not given: the
-    shapes set's 4; the rows of ADE20K's ``objectInfo150.txt`` (plus value 0, "other", without
-    ``reduce_zero``); else the largest label value of both splits' annotations (with ``reduce_zero``, value
-    v is class v-1) for up to :data:`SCAN_LIMIT` annotations; else ADE20K's 150, saying so."""
+    """The class count when ``--num-classes`` is not given: that of :func:`class_names`, else the largest label
+    of up to :data:`SCAN_LIMIT` annotations of both splits, else ADE20K's 150, saying so."""
     names = class_names(data, root, reduce_zero)
     if names is not None:
         return FolderClasses(len(names), "the shapes set's" if data == SHAPES_NAME else ADE_CLASS_FILE)
@@ -149,10 +117,7 @@ def folder_classes(data: str, root: Path, reduce_zero: bool) -> FolderClasses:
     return FolderClasses(count, f"the largest label in its {len(files)} annotations")
 
 
-# Files: pairing, reading, label reduction
-
 def _files(folder: Path, extensions: tuple[str, ...]) -> dict[str, Path]:
-    """``{name without extension: path}`` for the files of ``folder`` with one of ``extensions``."""
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder; segmentation data needs the ADE20K layout {LAYOUT}")
     found: dict[str, Path] = {}
@@ -191,7 +156,7 @@ def scan_pairs(root: str | os.PathLike, split: str) -> list[tuple[str, str]]:
 
 
 def _header_sizes(pair: tuple[str, str]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(image, annotation) sizes as (width, height), read from the file headers without decoding pixels."""
+    """(image, annotation) (width, height) from the file headers."""
     sizes = []
     for path in pair:
         try:
@@ -215,8 +180,7 @@ def reduce_zero_label(label: np.ndarray) -> np.ndarray:
 
 
 def _label_pixels(path: str) -> np.ndarray:
-    """An annotation's (H, W) values as stored (a palette PNG's indices, not its colours); DataError
-    for a file that cannot be read or holds colours."""
+    """An annotation's (H, W) values as stored (a palette PNG's indices, not its colours)."""
     try:
         with Image.open(path) as img:
             if img.mode not in LABEL_MODES:
@@ -228,7 +192,7 @@ def _label_pixels(path: str) -> np.ndarray:
 
 
 def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
-    """An annotation as (H, W) int64 class indices in [0, num_classes) or 255; bad files raise :class:`DataError`."""
+    """An annotation as (H, W) int64 class indices in [0, num_classes) or 255."""
     raw = _label_pixels(path)
     label = reduce_zero_label(raw) if reduce_zero else raw.astype(np.int64)
     outside = (label != IGNORE_INDEX) & ((label < 0) | (label >= num_classes))
@@ -244,9 +208,8 @@ def read_label(path: str, num_classes: int, reduce_zero: bool) -> np.ndarray:
             fix = f"pass --num-classes {needed} if the data set has that many classes"
         else:
             rule = f"without reduce-zero-label, values must be below {num_classes}; 255 is ignored"
-            fix = f"pass --num-classes {needed}"
-            if needed == num_classes + 1:
-                fix += " or turn reduce-zero-label on if 0 marks unlabelled pixels"
+            either = " or turn reduce-zero-label on if 0 marks unlabelled pixels" if needed == num_classes + 1 else ""
+            fix = f"pass --num-classes {needed}{either}"
         raise DataError(f"annotation {path} holds values {shown} outside the {num_classes} classes ({rule}); {fix}")
     return label
 
@@ -260,8 +223,7 @@ def _labelled(path: str, reduce_zero: bool) -> tuple[bool, bool]:
 
 
 def check_labelled(pairs: Sequence[tuple[str, str]], split: str, reduce_zero: bool) -> None:
-    """A one-line :class:`DataError` if no annotation of ``pairs`` (one split's, from :func:`scan_pairs`)
-    holds a pixel that is not ignored (training would sit at loss 0, evaluating would score nothing). Reads
+    """DataError if no annotation of one split's ``pairs`` holds a pixel that is not ignored. Reads
     :data:`LABEL_SAMPLE` annotations spread over the split first, the others only if none of them holds one."""
     labels = [label for _, label in pairs]
     if not labels:
@@ -289,8 +251,6 @@ def check_labelled(pairs: Sequence[tuple[str, str]], split: str, reduce_zero: bo
                     f"{every}, so {outcome}; {fix}")
 
 
-# Joint transforms: image (3, H, W) uint8 and label (H, W) int64 -> normalised image and label
-
 def _uniform(low: float, high: float, generator: Optional[torch.Generator]) -> float:
     return low + (high - low) * torch.rand((), generator=generator).item()
 
@@ -314,32 +274,24 @@ def _normalise(image: Tensor, mean: Tensor, std: Tensor) -> Tensor:  # (3, H, W)
 
 
 def _photometric_distortion(image: Tensor, generator: Optional[torch.Generator]) -> Tensor:
-    """mmseg's PhotoMetricDistortion on a (3, H, W) float image in [0, 255], each step with chance 1/2:
-    brightness +-32, contrast x[0.5, 1.5] (before or after the colour steps, at random), saturation
-    x[0.5, 1.5], hue +-18 of OpenCV's 180 degrees."""
+    """mmseg's PhotoMetricDistortion on a (3, H, W) image in [0, 255], each step with chance 1/2: brightness
+    +-32, contrast x[0.5, 1.5] (before or after the colour steps), saturation x[0.5, 1.5], hue +-18 of 180."""
     if _chance(0.5, generator):
         image = (image + _uniform(-32, 32, generator)).clamp(0, 255)
     contrast_first = _chance(0.5, generator)
-    steps = [
-        lambda x: (x * _uniform(0.5, 1.5, generator)).clamp(0, 255),
-        lambda x: TF.adjust_saturation(x / 255, _uniform(0.5, 1.5, generator)) * 255,
-        lambda x: TF.adjust_hue(x / 255, _uniform(-0.1, 0.1, generator)) * 255,
-    ]
-    order = steps if contrast_first else steps[1:] + steps[:1]
-    for step in order:
+    steps = [lambda x: (x * _uniform(0.5, 1.5, generator)).clamp(0, 255),
+             lambda x: TF.adjust_saturation(x / 255, _uniform(0.5, 1.5, generator)) * 255,
+             lambda x: TF.adjust_hue(x / 255, _uniform(-0.1, 0.1, generator)) * 255]
+    for step in steps if contrast_first else steps[1:] + steps[:1]:
         if _chance(0.5, generator):
             image = step(image)
     return image
 
 
 class TrainTransform:
-    """mmseg's ADE20K training pipeline: random resize, random crop, flip, photometric distortion, pad.
-
-    The image is rescaled (ratio kept) to fit ``scale`` times a ratio drawn from ``ratio_range``;
-    a ``crop_size`` window is drawn, redrawn up to 10 times while one class covers more than
-    ``cat_max_ratio`` of its labelled pixels (1.0 turns that off); the pair is flipped with chance
-    ``hflip``; smaller crops are padded to ``crop_size`` (image 0 after normalising, label 255).
-    """
+    """mmseg's ADE20K training pipeline on (3, H, W) uint8 image and (H, W) label: resize to fit ``scale`` times
+    a ratio from ``ratio_range``; a ``crop_size`` crop, redrawn up to 10 times while one class covers more
+    than ``cat_max_ratio`` of it; flip; photometric distortion; pad to ``crop_size`` (image 0, label 255)."""
 
     def __init__(self, crop_size: int = 512, scale: tuple[int, int] = (2048, 512),
                  ratio_range: tuple[float, float] = (0.5, 2.0), cat_max_ratio: float = 0.75, hflip: float = 0.5,
@@ -347,8 +299,7 @@ class TrainTransform:
                  std: Sequence[float] = IMAGENET_DEFAULT_STD):
         self.crop_size, self.scale, self.ratio_range = crop_size, scale, ratio_range
         self.cat_max_ratio, self.hflip, self.photometric = cat_max_ratio, hflip, photometric
-        self.mean = 255 * torch.tensor(mean)
-        self.std = 255 * torch.tensor(std)
+        self.mean, self.std = 255 * torch.tensor(mean), 255 * torch.tensor(std)
 
     def _crop_box(self, label: Tensor, generator: Optional[torch.Generator]) -> tuple[int, int, int, int]:
         height, width = label.shape
@@ -383,14 +334,11 @@ class TrainTransform:
 
 
 class EvalTransform:
-    """Test-time preprocessing: the image rescaled (ratio kept) to fit ``scale`` and normalised. The label
-    keeps its size: predictions are resized back to it before they are scored, as mmseg scores them."""
+    """The image rescaled (ratio kept) to fit ``scale`` and normalised; the label keeps its size, as mmseg's."""
 
     def __init__(self, scale: tuple[int, int] = (2048, 512), mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
                  std: Sequence[float] = IMAGENET_DEFAULT_STD):
-        self.scale = scale
-        self.mean = 255 * torch.tensor(mean)
-        self.std = 255 * torch.tensor(std)
+        self.scale, self.mean, self.std = scale, 255 * torch.tensor(mean), 255 * torch.tensor(std)
 
     def __call__(self, image: Tensor, label: Tensor, generator: Optional[torch.Generator] = None
                  ) -> tuple[Tensor, Tensor]:
@@ -398,15 +346,9 @@ class EvalTransform:
         return _normalise(image, self.mean, self.std), label
 
 
-# Data set and batches
-
 class SegmentationFolder(Dataset):
-    """(image, label) pairs of one split of an ADE20K-layout folder, through a joint transform.
-
-    Without a transform an item is a (3, H, W) uint8 image and an (H, W) int64 label. A
-    ``transform(image, label, generator)`` gets a generator seeded from (seed, epoch, index) when
-    ``seed`` is given, so augmentations do not depend on workers or on where a run resumed.
-    """
+    """(image (3, H, W) uint8, label (H, W) int64) pairs of one split, through ``transform(image, label,
+    generator)``, whose generator is seeded from (seed, epoch, index) when ``seed`` is given."""
 
     def __init__(self, root: str | os.PathLike, split: str = "training", reduce_zero_label: bool = True,
                  num_classes: int = 150, transform: Optional[Callable[..., tuple[Tensor, Tensor]]] = None,
@@ -416,11 +358,8 @@ class SegmentationFolder(Dataset):
                             f"is ignored")
         self.pairs = scan_pairs(root, split)
         check_labelled(self.pairs, split, reduce_zero_label)  # milliseconds: a sample of the annotations
-        self.reduce_zero_label = reduce_zero_label
-        self.num_classes = num_classes
-        self.transform = transform
-        self.seed = seed
-        self.epoch = 0
+        self.reduce_zero_label, self.num_classes, self.transform = reduce_zero_label, num_classes, transform
+        self.seed, self.epoch = seed, 0
         if verify:
             with _reader_pool() as pool:
                 for pair, (image_size, label_size) in zip(self.pairs, pool.map(_header_sizes, self.pairs)):
@@ -428,7 +367,6 @@ class SegmentationFolder(Dataset):
                         raise _size_mismatch(*pair, image_size, label_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw the next samples' augmentations from epoch ``epoch``'s stream."""
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -443,15 +381,12 @@ class SegmentationFolder(Dataset):
         image_t, label_t = TF.pil_to_tensor(image), torch.from_numpy(label)  # (3, H, W) uint8, (H, W) int64
         if self.transform is None:
             return image_t, label_t
-        generator = None
-        if self.seed is not None:
-            generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, index))
+        seed = None if self.seed is None else sample_seed(self.seed, self.epoch, index)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
         return self.transform(image_t, label_t, generator)
 
 
 class SegmentationBatch(NamedTuple):
-    """Images and labels padded to the batch's largest, and each sample's own (height, width)."""
-
     images: Tensor  # (B, 3, H, W), zero-padded
     labels: Tensor  # (B, H_l, W_l), padded with the ignore index
     image_sizes: Tensor  # (B, 2) int64
@@ -464,7 +399,6 @@ def collate_segmentation(samples: Sequence[tuple[Tensor, Tensor]]) -> Segmentati
     label_sizes = torch.tensor([label.shape[-2:] for _, label in samples], dtype=torch.int64)
     (image_h, image_w), (label_h, label_w) = image_sizes.amax(0).tolist(), label_sizes.amax(0).tolist()
     images = torch.stack([F.pad(im, (0, image_w - im.shape[-1], 0, image_h - im.shape[-2])) for im, _ in samples])
-    labels = torch.stack([
-        F.pad(lb, (0, label_w - lb.shape[-1], 0, label_h - lb.shape[-2]), value=IGNORE_INDEX) for _, lb in samples
-    ])
+    labels = torch.stack([F.pad(lb, (0, label_w - lb.shape[-1], 0, label_h - lb.shape[-2]), value=IGNORE_INDEX)
+                          for _, lb in samples])
     return SegmentationBatch(images, labels, image_sizes, label_sizes)

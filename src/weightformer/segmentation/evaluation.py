@@ -1,16 +1,12 @@
-"""Evaluating a segmenter: mIoU, mAcc and aAcc over a loader (:func:`evaluate`, what the training loop
-calls), and of a checkpoint on a validation split (``weightformer seg eval``), as a function a Python
-user can call: :func:`evaluate_checkpoint`.
-
-Evaluation predicts each image on its own, at its own size (so the batch size and padding do not
-change the numbers), resizes the logits to the annotation's original size, and scores the argmax
-with :class:`SegmentationMetric` over the whole split and all ranks."""
+"""Evaluating a segmenter: mIoU, mAcc and aAcc over a loader (:func:`evaluate`, the training loop's) or of a
+checkpoint (:func:`evaluate_checkpoint`, ``seg eval``). Each image is predicted on its own at its own size, its
+logits resized to the annotation's size, and scored over the whole split and all ranks."""
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +35,7 @@ def eval_transform(img_size: int) -> EvalTransform:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, device: torch.device,
              mode: str = "whole", crop: int = 512, stride: int = 341, amp: str = "none") -> dict[str, object]:
-    """``mIoU``, ``mAcc``, ``aAcc`` (percent) and ``per_class_iou`` of ``model`` on ``loader``'s
-    :class:`SegmentationBatch` es of eval-transformed samples. ``mode`` "whole" or "slide" (``crop`` windows
-    every ``stride`` pixels); ``amp`` none, bf16 or fp16. Under torch.distributed the ranks' areas are
-    summed, so every rank returns the numbers of the whole split."""
+    """``mIoU``, ``mAcc``, ``aAcc`` and ``per_class_iou`` (percent) of ``model`` on the whole split, on every rank."""
     if mode not in INFERENCE_MODES:
         raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
     was_training = model.training
@@ -52,10 +45,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, devic
         for image, label, (h, w), (label_h, label_w) in zip(*batch):
             image = image[None, :, :h, :w].to(device, non_blocking=True)  # (1, 3, h, w) without the padding
             with autocast(device, amp):
-                if mode == "whole":
-                    logits = whole_inference(model, image)
-                else:
-                    logits = slide_inference(model, image, crop, stride)  # (1, K, h, w)
+                logits = whole_inference(model, image) if mode == "whole" else \
+                    slide_inference(model, image, crop, stride)  # (1, K, h, w)
             logits = F.interpolate(logits, size=(int(label_h), int(label_w)), mode="bilinear", align_corners=False)
             metric.update(logits.argmax(1), label[None, :label_h, :label_w].to(device))
     metric.all_reduce()
@@ -65,8 +56,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, devic
 
 def inference_settings(loaded: LoadedModel, inference: Optional[str] = None, crop: Optional[int] = None,
                        stride: Optional[int] = None) -> dict[str, Any]:
-    """``seg_inference``, ``seg_crop`` and ``seg_stride``: those given, else those the checkpoint was
-    trained with, else the settings' defaults; checked (ConfigError)."""
+    """``seg_inference``, ``seg_crop`` and ``seg_stride``: those given, else the checkpoint's, else the defaults."""
     saved = (loaded.checkpoint or {}).get("config") or {}
     defaults = config_fields(SegmentationConfig)
     given = dict(zip(INFERENCE_FIELDS, (inference, crop, stride)))
@@ -89,19 +79,12 @@ def load_segmenter(checkpoint: str | os.PathLike, use_ema: bool = False, device:
     return loaded, inference_settings(loaded, inference, crop, stride)
 
 
-def _json_safe(values: Sequence[float]) -> list[Optional[float]]:
-    """NaN (a class never labelled nor predicted) as null."""
-    return [None if math.isnan(v) else v for v in values]
-
-
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = None, use_ema: bool = False,
                         inference: Optional[str] = None, crop: Optional[int] = None, stride: Optional[int] = None,
                         batch_size: int = 8, workers: int = 0, amp: str = "none", device: str = "auto"
                         ) -> dict[str, Any]:
-    """mIoU, mAcc, aAcc (percent) and the IoU of each class of the model in ``checkpoint`` (a ``last.pt``
-    or ``best.pt`` of ``weightformer seg train``) on the validation split of ``data`` (default: the data
-    it was trained on). ``inference``, ``crop`` and ``stride`` default to the run's own. Each image is
-    predicted at its own size, as during training, so the numbers equal the run's evaluation."""
+    """``seg eval``: mIoU, mAcc, aAcc and each class's IoU (percent) of a ``seg train`` checkpoint on the
+    validation split of ``data`` (default: its own), with the run's inference settings unless given."""
     if batch_size < 1 or workers < 0:
         raise ConfigError(f"--batch-size must be at least 1 and --workers 0 or more, got {batch_size} and {workers}")
     loaded, settings = load_segmenter(checkpoint, use_ema, device, inference, crop, stride)
@@ -118,12 +101,13 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = Non
     return {
         "checkpoint": str(checkpoint), "data": str(data), "images": len(val_set), **settings,
         "mIoU": metrics["mIoU"], "mAcc": metrics["mAcc"], "aAcc": metrics["aAcc"],
-        "per_class_iou": _json_safe(metrics["per_class_iou"]), "classes": meta.get("classes"),
+        "per_class_iou": [None if math.isnan(v) else v for v in metrics["per_class_iou"]],  # NaN: a class never seen
+        "classes": meta.get("classes"),
     }
 
 
 def format_eval(result: Mapping[str, Any]) -> str:
-    """The result's lines as ``seg eval`` prints them: the scores, and each class's IoU for up to 20 classes."""
+    """``seg eval``'s lines: the scores, and each class's IoU for up to 20 classes."""
     lines = [f"{result['checkpoint']} on {result['data']} ({result['images']} images, {result['seg_inference']} "
              f"inference): mIoU {result['mIoU']:.2f}%, mAcc {result['mAcc']:.2f}%, aAcc {result['aAcc']:.2f}%"]
     names = result.get("classes") or [str(c) for c in range(len(result["per_class_iou"]))]

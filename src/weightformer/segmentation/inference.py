@@ -1,9 +1,5 @@
-"""Test-time inference: the whole image in one pass, or overlapping crops (mmseg's ``slide`` mode).
-
-Both take a batch (B, 3, H, W) and return float32 logits (B, K, H, W) at the batch's size. A model
-trained on 512x512 crops sees crops of that size at test time with sliding windows (and an image side
-shorter than the crop as it is, as mmseg does); whole-image inference sees the resized image at once.
-"""
+"""Test-time inference, (B, 3, H, W) images -> float32 logits (B, K, H, W): the whole image in one pass, or
+overlapping crops (mmseg's ``slide`` mode)."""
 
 from __future__ import annotations
 
@@ -18,10 +14,6 @@ from .config import INFERENCE_MODES
 __all__ = ["INFERENCE_MODES", "slide_inference", "whole_inference", "window_starts"]
 
 
-def _pair(value: Union[int, tuple[int, int]]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
 def whole_inference(model: nn.Module, images: Tensor) -> Tensor:
     """``model(images)`` as float32, resized (bilinear) to the images' size if the model returns fewer pixels."""
     logits = model(images)  # (B, K, h, w)
@@ -31,18 +23,18 @@ def whole_inference(model: nn.Module, images: Tensor) -> Tensor:
 
 
 def window_starts(size: int, crop: int, stride: int) -> list[int]:
-    """Offsets of the windows along one side: every ``stride``, the last one flush with the end; mmseg's
-    count, ceil((size - crop) / stride) + 1. A side shorter than the crop has one window, at 0."""
+    """Window offsets along one side: every ``stride``, the last flush with the end, ceil((size - crop) / stride)
+    + 1 of them (mmseg's); one at 0 for a side shorter than the crop."""
     count = max(size - crop + stride - 1, 0) // stride + 1
     return [max(min(i * stride, size - crop), 0) for i in range(count)]
 
 
 def slide_inference(model: nn.Module, images: Tensor, crop: Union[int, tuple[int, int]] = 512,
                     stride: Union[int, tuple[int, int]] = 341) -> Tensor:
-    """Logits averaged over overlapping ``crop`` windows placed every ``stride`` pixels: each pixel's sum
-    divided by the windows covering it. Along a side shorter than the crop the window is the whole side,
-    unpadded (mmseg's ``slide_inference``)."""
-    (crop_h, crop_w), (stride_h, stride_w) = _pair(crop), _pair(stride)
+    """mmseg's ``slide_inference``: logits averaged over the ``crop`` windows, every ``stride`` px, covering each
+    pixel; along a side shorter than the crop the window is the whole side, unpadded."""
+    (crop_h, crop_w), (stride_h, stride_w) = ((v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+                                              for v in (crop, stride))
     if min(crop_h, crop_w, stride_h, stride_w) <= 0:
         raise ValueError(f"crop {crop} and stride {stride} must be positive")
     if stride_h > crop_h or stride_w > crop_w:

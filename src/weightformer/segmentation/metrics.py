@@ -1,15 +1,8 @@
-"""mIoU, mAcc and aAcc over a whole split, as mmsegmentation's ``IoUMetric`` computes them.
+"""mIoU, mAcc and aAcc over a whole split, as mmsegmentation's ``IoUMetric`` (areas summed before dividing):
 
-Per class c, over every labelled pixel of the split (pixels labelled ``ignore_index`` do not count):
-
-    intersection_c = #{pred = c and label = c}     union_c = #{pred = c} + #{label = c} - intersection_c
-    IoU_c = intersection_c / union_c               Acc_c = intersection_c / #{label = c}
-    mIoU = mean of IoU_c over classes with union_c > 0,   mAcc = mean of Acc_c over classes with #{label = c} > 0
-    aAcc = sum_c intersection_c / #{labelled pixels}
-
-The areas are summed over the split before dividing. A mean of per-image IoUs is a different number:
-it weighs a small image as much as a large one and counts a class absent from an image as missing
-there, not as a zero.
+    IoU_c = #{pred = c and label = c} / (#{pred = c} + #{label = c} - #{pred = c and label = c})
+    Acc_c = #{pred = c and label = c} / #{label = c}       aAcc = sum_c #{pred = c and label = c} / #{labelled}
+    mIoU, mAcc = means over the classes where they are defined (0 / 0 is NaN and left out)
 """
 
 from __future__ import annotations
@@ -24,13 +17,12 @@ __all__ = ["SegmentationMetric"]
 
 
 class SegmentationMetric:
-    """Pixel areas per class (intersection, prediction, label) accumulated over batches and ranks."""
+    """Per-class pixel areas (intersection, prediction, label) summed over batches and ranks."""
 
     def __init__(self, num_classes: int, ignore_index: int = 255, device: Optional[torch.device] = None):
         if num_classes <= 0:
             raise ValueError(f"num_classes must be positive, got {num_classes}")
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
+        self.num_classes, self.ignore_index = num_classes, ignore_index
         # rows: intersection, predicted area, label area; int64 counts stay exact past 2**53 pixels
         self.areas = torch.zeros(3, num_classes, dtype=torch.int64, device=device)
 
@@ -50,16 +42,12 @@ class SegmentationMetric:
                                  f"that are not the ignore index {self.ignore_index}; check num_classes and the "
                                  f"label reduction")
         k = self.num_classes
-        batch = torch.stack([
-            torch.bincount(target[pred == target], minlength=k),
-            torch.bincount(pred, minlength=k),
-            torch.bincount(target, minlength=k),
-        ])
+        batch = torch.stack([torch.bincount(target[pred == target], minlength=k), torch.bincount(pred, minlength=k),
+                             torch.bincount(target, minlength=k)])
         self.areas += batch.to(self.areas.device)
 
     def all_reduce(self, group: Optional[dist.ProcessGroup] = None) -> None:
-        """Sum the areas over the ranks of ``group`` (None: the default group); a no-op without torch.distributed.
-        With NCCL, build the metric with ``device`` set to this rank's GPU."""
+        """Sum the areas over the ranks of ``group`` (with NCCL, build the metric on this rank's GPU)."""
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(self.areas, op=dist.ReduceOp.SUM, group=group)
 
@@ -69,9 +57,5 @@ class SegmentationMetric:
         union = predicted + labelled - intersection
         iou = intersection / union  # 0 / 0 = NaN: a class neither predicted nor labelled
         acc = intersection / labelled
-        return {
-            "mIoU": 100 * iou.nanmean().item(),
-            "mAcc": 100 * acc.nanmean().item(),
-            "aAcc": 100 * (intersection.sum() / labelled.sum()).item(),
-            "per_class_iou": (100 * iou).tolist(),
-        }
+        return {"mIoU": 100 * iou.nanmean().item(), "mAcc": 100 * acc.nanmean().item(),
+                "aAcc": 100 * (intersection.sum() / labelled.sum()).item(), "per_class_iou": (100 * iou).tolist()}

@@ -1,17 +1,7 @@
-"""``build_upernet``: a backbone, its feature pyramid and an UperNet head, composed into one model.
-
-Two protocols (``protocol``, the run's ``--protocol``) build the pyramid that UperNet reads:
-
-- ``vim``: BEiT's and Vim's ViT UperNet (hustvl/Vim ``seg/configs/_base_/models/upernet_vim.py`` and
-  ``seg/configs/vim/upernet/*``): four blocks spread over the depth, at strides 4, 8, 16 and 32 by
-  deconvolutions, identity and max-pooling, at the backbone's width
-  (:class:`~weightformer.models.multiblock_pyramid.MultiBlockPyramid`); the head is as wide as the
-  backbone (Vim's ``channels=384`` for S) and the auxiliary FCN head reads the stride-16 level
-  (``in_index=2``). The paper's ADE20K comparison uses this protocol.
-- ``simple-pyramid``: ViTDet's simple feature pyramid on the last block
-  (:class:`~weightformer.models.pyramid.SimpleFeaturePyramid`, ``pyramid_channels`` wide), with a
-  512-channel head: the detection tasks' neck, and the protocol of checkpoints that record none.
-"""
+"""``build_upernet``: a backbone, its feature pyramid, an UperNet head and an auxiliary FCN head, by protocol:
+``vim`` (BEiT's and Vim's ViT UperNet, the paper's ADE20K protocol): four blocks spread over the depth at strides
+4-32 and the backbone's width, a head as wide; ``simple-pyramid`` (the protocol of checkpoints that record none):
+ViTDet's simple feature pyramid on the last block, 256 wide, and a 512-channel head."""
 
 from __future__ import annotations
 
@@ -28,11 +18,6 @@ __all__ = ["PROTOCOLS", "build_upernet"]
 
 SIMPLE_PYRAMID_CHANNELS = 256  # the simple pyramid's default width
 SIMPLE_PYRAMID_HEAD_CHANNELS = 512  # mmseg's UPerHead default, the simple-pyramid protocol's head width
-
-
-def _is_pyramid(module: nn.Module) -> bool:
-    """A torchvision-style pyramid: returns {"0": ..., "3": ...} feature maps and says their ``out_channels``."""
-    return isinstance(getattr(module, "out_channels", None), int)
 
 
 def _pyramid(backbone: nn.Module, protocol: str, pyramid_channels: Optional[int],
@@ -55,21 +40,12 @@ def build_upernet(backbone: Union[str, nn.Module], num_classes: int, protocol: s
                   channels: Optional[int] = None, pyramid_channels: Optional[int] = None, aux_channels: int = 256,
                   pool_scales: Sequence[int] = (1, 2, 3, 6), out_indices: Optional[Sequence[int]] = None,
                   **kwargs: Any) -> UperNet:
-    """UperNet on ``backbone``: (B, 3, H, W) images -> (B, num_classes, H, W) logits.
-
-    ``backbone`` is a timm model name (made by :func:`weightformer.models.pyramid.build_backbone`
-    with ``**kwargs``, e.g. ``pretrained=True``, ``drop_path_rate=0.1``), a timm backbone module,
-    or a module that already returns a pyramid (a dict of stride 4, 8, 16, 32 maps with an
-    ``out_channels`` attribute), used as it is. Names and backbone modules get the pyramid of
-    ``protocol`` (see the module docstring): ``vim`` reads the blocks ``out_indices`` (default:
-    :func:`~weightformer.models.multiblock_pyramid.spread_indices`), ``simple-pyramid`` is
-    ``pyramid_channels`` wide (default 256). ``channels`` is the head's width (default: the
-    pyramid's width under ``vim``, 512 otherwise); ``aux_channels`` 0 leaves out the auxiliary FCN
-    head, which reads the stride-16 level.
-    """
+    """UperNet, (B, 3, H, W) images -> (B, num_classes, H, W) logits, on ``backbone``: a timm name (built with
+    ``**kwargs``) or backbone, given ``protocol``'s pyramid, or a ready pyramid (stride 4-32 maps, ``out_channels``).
+    ``channels``: the head's width (default: the pyramid's under ``vim``, else 512); ``aux_channels`` 0: no FCN head."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
-    if isinstance(backbone, nn.Module) and _is_pyramid(backbone):
+    if isinstance(backbone, nn.Module) and isinstance(getattr(backbone, "out_channels", None), int):  # a pyramid
         if kwargs:
             raise TypeError(f"build_upernet got a ready pyramid, so it cannot take arguments {sorted(kwargs)}")
         pyramid = backbone

@@ -1,10 +1,5 @@
-"""Predictions on image files: class maps written as palette PNGs, and overlays on the images
-(``weightformer seg predict``, or :func:`predict` from Python).
-
-A class map is written in its data set's own annotation encoding (class c as c + 1 with
-reduce-zero-label, as ADE20K stores it; else c), so a prediction opens like an annotation and
-can be scored as one. Its palette colours each class; the overlay blends those colours over the image.
-"""
+"""``seg predict``: class maps as palette PNGs in the data set's annotation encoding (class c stored as c + 1
+with reduce-zero-label, as ADE20K does), so a prediction opens like an annotation, and colour overlays."""
 
 from __future__ import annotations
 
@@ -44,8 +39,7 @@ def palette(num_classes: int, classes: Optional[Sequence[str]] = None) -> np.nda
 
 
 def image_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """The image files named, a folder standing for the images under it (:func:`image_paths`), each
-    with its own name: the predictions are named after the images. DataError otherwise."""
+    """The image files named (a folder: those under it), each with its own name, as predictions take it."""
     files = image_paths(paths)
     twice = sorted(stem for stem, count in Counter(p.stem for p in files).items() if count > 1)
     if twice:
@@ -57,8 +51,7 @@ def image_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
 @torch.no_grad()
 def predict_image(model: nn.Module, image: Image.Image, transform: EvalTransform, device: torch.device,
                   mode: str = "whole", crop: int = 512, stride: int = 341) -> np.ndarray:
-    """(H, W) int64 classes of an RGB ``image`` at its own size: resized as in evaluation, predicted
-    whole or in sliding windows, logits resized back."""
+    """(H, W) int64 classes of an RGB ``image``: resized as in evaluation, predicted, logits resized back."""
     pixels = TF.pil_to_tensor(image)  # (3, H, W) uint8
     resized, _ = transform(pixels, torch.empty(0))  # (3, h, w) normalised; the label is unused
     batch: Tensor = resized[None].to(device)
@@ -75,8 +68,7 @@ def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours
     file_colours[offset: offset + len(colours)] = colours
     label = Image.fromarray((classes + offset).astype(np.uint8))  # (H, W) uint8: mode L, P once it has a palette
     label.putpalette(file_colours.flatten().tolist())
-    painted = colours[classes].astype(np.float64)  # (H, W, 3)
-    blend = (1 - alpha) * np.asarray(image, dtype=np.float64) + alpha * painted
+    blend = (1 - alpha) * np.asarray(image, dtype=np.float64) + alpha * colours[classes].astype(np.float64)
     label_path, overlay_path = out / f"{stem}.png", out / f"{stem}_overlay.png"
     label.save(label_path)
     Image.fromarray(np.clip(blend + 0.5, 0, 255).astype(np.uint8)).save(overlay_path)
@@ -87,12 +79,8 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
             use_ema: bool = False, inference: Optional[str] = None, crop: Optional[int] = None,
             stride: Optional[int] = None, alpha: float = 0.5, device: str = "auto", overwrite: bool = False
             ) -> list[tuple[Path, Path, Path]]:
-    """Predict ``images`` (files, or folders of them) with the model of ``checkpoint`` (a ``last.pt`` or
-    ``best.pt`` of ``weightformer seg train``) and write, for each, ``<out>/<name>.png`` (the class map)
-    and ``<out>/<name>_overlay.png`` (its colours at opacity ``alpha`` over the image). ``inference``,
-    ``crop`` and ``stride`` default to the run's own. Files already there are refused before the work,
-    or with ``overwrite`` moved aside (``<name>.previous-<time>``); an output never replaces an input
-    image. Returns (image, class map, overlay) per image."""
+    """``seg predict``: ``<out>/<name>.png`` and ``<name>_overlay.png`` (opacity ``alpha``) of each of ``images``
+    (files or folders), outputs already there refused or moved aside (``overwrite``); (image, map, overlay)s."""
     if not 0 <= alpha <= 1:
         raise ConfigError(f"--alpha must be in [0, 1], got {alpha}")
     out = Path(out)

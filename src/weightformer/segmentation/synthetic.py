@@ -1,16 +1,8 @@
-"""``shapes``: a small segmentation data set drawn procedurally, so a first run needs no download.
+"""``shapes``: a small segmentation data set drawn procedurally (a pure function of its seed and sizes), so a
+first run needs no download: 64-96 px grainy greyish gradients with 1 to 4 circles, squares and triangles, each
+class's colour from its own hue band, annotated in the ADE20K layout as
 
-Each image (64 to 96 px a side) is a grainy, greyish colour-graded background with 1 to 4 filled
-circles, squares and triangles of random sizes, rotations and positions, each class's colour from its
-own band of hues (:data:`HUE_BANDS`). The annotations use the ADE20K layout and encoding
-(:mod:`weightformer.segmentation.data`):
-
-    0 unlabelled (a 1 px ring on each shape's edge, ignored with reduce-zero-label)
-    1 background   2 circle   3 square   4 triangle
-
-The set is a pure function of its seed and sizes. :func:`shapes_root` writes it once into the cache
-(``$XDG_CACHE_HOME/weightformer``, else ``~/.cache/weightformer``) through a temporary folder renamed
-into place when complete.
+    0 unlabelled (a 1 px ring on each shape's edge)   1 background   2 circle   3 square   4 triangle
 """
 
 from __future__ import annotations
@@ -36,18 +28,9 @@ UNLABELLED, BACKGROUND, CIRCLE, SQUARE, TRIANGLE = 0, 1, 2, 3, 4
 HUE_BANDS = {CIRCLE: (-0.05, 0.17), SQUARE: (0.22, 0.5), TRIANGLE: (0.58, 0.9)}  # HSV hue, 1.0 = 360 degrees
 
 
-def _greyish(rng: np.random.Generator) -> np.ndarray:
-    """A random colour of low saturation, as (3,) floats in [0, 255]."""
+def _greyish(rng: np.random.Generator) -> np.ndarray:  # a low-saturation colour, (3,) floats in [0, 255]
     grey = rng.uniform(40, 215)
     return np.clip(grey + rng.normal(0, 20, 3), 0, 255)
-
-
-def _class_colour(rng: np.random.Generator, kind: int) -> tuple[int, int, int]:
-    """A saturated colour from the hue band of class ``kind``."""
-    hue = rng.uniform(*HUE_BANDS[kind]) % 1.0
-    saturation, value = rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
-    hsv = Image.new("HSV", (1, 1), (int(hue * 255), int(saturation * 255), int(value * 255)))
-    return tuple(hsv.convert("RGB").getpixel((0, 0)))
 
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -58,14 +41,6 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     t = (np.cos(angle) * xs / width + np.sin(angle) * ys / height)[..., None]  # (H, W, 1)
     t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
     return start + t * (end - start) + rng.normal(0, 18, (height, width, 3))
-
-
-def _shape_points(rng: np.random.Generator, kind: int, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
-    """The outline of a square or triangle of circumradius ``r`` around (cx, cy), at a random rotation."""
-    corners = 4 if kind == SQUARE else 3
-    turn = rng.uniform(0, 2 * np.pi)
-    return [(cx + r * np.cos(turn + 2 * np.pi * k / corners), cy + r * np.sin(turn + 2 * np.pi * k / corners))
-            for k in range(corners)]
 
 
 def draw_sample(rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
@@ -80,17 +55,18 @@ def draw_sample(rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
         kind = int(rng.choice([CIRCLE, SQUARE, TRIANGLE]))
         r = rng.uniform(0.12, 0.3) * min(height, width)
         cx, cy = rng.uniform(r * 0.5, width - r * 0.5), rng.uniform(r * 0.5, height - r * 0.5)
-        colour = _class_colour(rng, kind)
+        hue, saturation, value = rng.uniform(*HUE_BANDS[kind]) % 1.0, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
+        hsv = Image.new("HSV", (1, 1), (int(hue * 255), int(saturation * 255), int(value * 255)))
+        colour = tuple(hsv.convert("RGB").getpixel((0, 0)))  # saturated, from the class's band of hues
         if kind == CIRCLE:
-            box = [cx - r, cy - r, cx + r, cy + r]
-            for draw, fill in ((image_draw, colour), (mask_draw, 255), (label_draw, kind)):
-                draw.ellipse(box, fill=fill)
-            label_draw.ellipse(box, outline=UNLABELLED, width=1)
-        else:
-            points = _shape_points(rng, kind, cx, cy, r)
-            for draw, fill in ((image_draw, colour), (mask_draw, 255), (label_draw, kind)):
-                draw.polygon(points, fill=fill)
-            label_draw.polygon(points, outline=UNLABELLED, width=1)
+            shape, where = "ellipse", [cx - r, cy - r, cx + r, cy + r]
+        else:  # a square or triangle of circumradius r, rotated
+            corners, turn = 4 if kind == SQUARE else 3, rng.uniform(0, 2 * np.pi)
+            shape, where = "polygon", [(cx + r * np.cos(turn + 2 * np.pi * k / corners),
+                                        cy + r * np.sin(turn + 2 * np.pi * k / corners)) for k in range(corners)]
+        for draw, fill in ((image_draw, colour), (mask_draw, 255), (label_draw, kind)):
+            getattr(draw, shape)(where, fill=fill)
+        getattr(label_draw, shape)(where, outline=UNLABELLED, width=1)
     shapes = np.asarray(mask_layer)[..., None] > 0  # (H, W, 1)
     shaded = np.asarray(colour_layer).astype(np.float64) + rng.normal(0, 8, (height, width, 3))
     pixels = np.where(shapes, shaded, pixels)
@@ -103,8 +79,8 @@ def write_shapes(root: str | os.PathLike, train: int = TRAIN_IMAGES, val: int = 
     root = Path(root)
     for split_index, (split, count) in enumerate((("training", train), ("validation", val))):
         image_dir, label_dir = root / "images" / split, root / "annotations" / split
-        image_dir.mkdir(parents=True, exist_ok=True)
-        label_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (image_dir, label_dir):
+            folder.mkdir(parents=True, exist_ok=True)
         for i in range(count):
             image, label = draw_sample(np.random.default_rng([seed, split_index, i]))
             image.save(image_dir / f"shapes_{i:05d}.jpg", quality=95)
@@ -112,14 +88,9 @@ def write_shapes(root: str | os.PathLike, train: int = TRAIN_IMAGES, val: int = 
     return root
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "weightformer"
-
-
 def shapes_root() -> Path:
-    """The ``shapes`` data set's folder in the cache, written first if it is not there (a second or so)."""
-    cache = _cache_dir()
+    """The ``shapes`` data set's folder in the cache, written first if it is not there."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "weightformer"
     root = cache / VERSION
     if root.is_dir():
         return root
