@@ -179,8 +179,10 @@ def test_long_range_backbone_in_each_segmentation_protocol(protocol):
 
 
 def test_a_long_range_checkpoint_that_names_no_predictor_loads_with_the_registered_one(tmp_path):
-    """A meta without ``linear_predictor`` rebuilds with the design's registered predictor; one passed wins."""
+    """A current-format meta without ``linear_predictor`` rebuilds with the design's registered predictor; one
+    passed wins. (A format-0 checkpoint is upgraded to ``centered``: tests/test_legacy_checkpoints.py.)"""
     from weightformer.checkpoint import save_atomic
+    from weightformer.engine import CHECKPOINT_FORMAT
     from weightformer.engine.weights import load_model
 
     kwargs = {"patch_size": 4, "embed_dim": 16, "depth": 1}
@@ -189,7 +191,7 @@ def test_a_long_range_checkpoint_that_names_no_predictor_loads_with_the_register
     meta = {"task": "classification", "model": "weightformer_long_range_tiny", "model_kwargs": kwargs,
             "num_classes": 3, "in_chans": 1, "img_size": 28}
     old = tmp_path / "old.pt"
-    save_atomic({"model": model.state_dict(), "meta": meta}, old)
+    save_atomic({"model": model.state_dict(), "meta": meta, "format": CHECKPOINT_FORMAT}, old)
     loaded = load_model(old, task="classification")
     assert loaded.model.blocks[0].mlp.fc1.predictor_name == LONG_RANGE_ARGS["linear_predictor"]
     pinned = load_model(old, task="classification", model_kwargs={"linear_predictor": "centered"})
