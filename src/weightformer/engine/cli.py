@@ -1,12 +1,8 @@
-"""The command line of every task, built from the task: ``train`` from its config section and recipes,
-the rest from its :class:`TaskCLI` (``Task.cli``); the flags every task shares are defined here, once.
-
-``weightformer det train`` gets one flag per setting of ``DetectionConfig`` that has help (the rest
-through ``--set name=value``), each flag's ``(default: ...)`` read off the task's recipes. Exit codes:
-0 done; 2 a user's mistake (one ``error:`` line); 1 a run that failed for another reason: out of
-memory or a diverged loss (one line), or a bug (its traceback, and where to report it); 130 / 143 a
-run stopped by SIGINT / SIGTERM after saving its checkpoint; a task's command may add its own
-(classification's ``predict``: 3).
+"""The command line of every task, built from the task: ``train`` has one flag per setting of its config
+class that has help (the rest through ``--set name=value``), each ``(default: ...)`` read off the recipes;
+the other commands come from its :class:`TaskCLI` (``Task.cli``). Exit codes: 0 done; 2 a user's mistake
+(one ``error:`` line); 1 out of memory or a diverged loss (one line), or a bug (its traceback); 130 / 143 a
+run stopped by SIGINT / SIGTERM after saving its checkpoint; a task's command may add its own (``predict``: 3).
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 
 __all__ = [
     "BUG_REPORT", "Command", "TaskCLI", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments",
-    "build_parser", "exit_code", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results",
+    "build_parser", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results",
     "run_reporting_errors", "train_overrides",
 ]
 
@@ -55,10 +51,6 @@ def _nothing(*args: Any) -> None:
     return None
 
 
-def _eval_checkpoint(checkpoint: Path) -> str:
-    return f"eval --checkpoint {checkpoint}"
-
-
 @dataclass(frozen=True)
 class TaskCLI:
     """How a task is offered on the command line, and how its runs report (``Task.cli``)."""
@@ -68,7 +60,7 @@ class TaskCLI:
     commands: Sequence[Command]  # the subcommands beside train
     summary: Callable[[Mapping[str, Any]], str]  # the metrics of an evaluation as one line, after each epoch
     score: str  # the best metric's value as the run's last lines print it: "top-1 {:.2f}%"
-    next_step: Callable[[Path], str] = _eval_checkpoint  # the subcommand to run on a checkpoint of the task
+    next_step: Callable[[Path], str] = lambda path: f"eval --checkpoint {path}"  # the command on a checkpoint
     train_arguments: Callable[[argparse.ArgumentParser], None] = _nothing  # flags of train that are not settings
     check_train_arguments: Callable[[argparse.Namespace], None] = _nothing  # checks them before the run
     after_training: Callable[[Any, argparse.Namespace], None] = _nothing  # (TrainResult, those flags) after a run
@@ -178,26 +170,21 @@ def _task_arguments(args: argparse.Namespace, task: Any) -> argparse.Namespace:
     return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
 
 
-def exit_code(result: Any) -> int:
-    """0 for a finished run, 130 / 143 for one stopped by SIGINT / SIGTERM."""
-    return SIGNAL_EXIT_CODES.get(result.stopped_by, 130) if result.stopped_by else 0
-
-
 def _run_train(task: Any, args: argparse.Namespace) -> int:
     from .loop import train
 
     extra = _task_arguments(args, task)
     task.cli.check_train_arguments(extra)
     result = train(train_overrides(args, task), config_file=getattr(args, "config_file", None), task=task)
-    if result.stopped_by is None:
-        task.cli.after_training(result, extra)
-    return exit_code(result)
+    if result.stopped_by is not None:  # SIGINT / SIGTERM
+        return SIGNAL_EXIT_CODES.get(result.stopped_by, 130)
+    task.cli.after_training(result, extra)
+    return 0
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, command: str, required: bool = True) -> None:
     """``--checkpoint``, ``--ema`` and ``--device``; ``command`` (``weightformer det``) is for the help."""
-    parser.add_argument("--checkpoint", required=required,
-                        help=f"a last.pt or best.pt written by {command} train")
+    parser.add_argument("--checkpoint", required=required, help=f"a last.pt or best.pt written by {command} train")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto: cuda if available (default: auto)")
@@ -246,28 +233,16 @@ def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -
     return 0
 
 
-def _format_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
-    return f"warning: {message}\n"
-
-
 def one_line(exc: BaseException) -> str:
     """The message of ``exc`` as one line."""
-    text = str(exc).strip()
-    return " ".join(text.splitlines()) if text else type(exc).__name__
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+    return " ".join(str(exc).strip().splitlines()) or type(exc).__name__
 
 
 def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
     """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring;
     every command's work runs here, after the WeightFormer models are registered with timm."""
-    previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    previous_format = warnings.formatwarning
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
     try:
         import_module("weightformer.models")  # registers with timm (already done in a library user's process)
         return command()
@@ -281,8 +256,11 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         print("aborted", file=sys.stderr)
         return 130
     except Exception as exc:
-        if _is_out_of_memory(exc):
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError)  # CUDA's, or the CPU allocator's
+                                                       and "can't allocate memory" in str(exc)):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             print(f"error: out of memory ({first}); pass a smaller --batch-size"
                   f"{' or --grad-checkpointing' if hint_grad_checkpointing else ''}", file=sys.stderr)
             return 1

@@ -1,16 +1,9 @@
 """What a task is: its settings, recipes, data, model, loss and evaluation, and the model a checkpoint's
-``meta`` describes.
-
-The engine (:mod:`weightformer.engine.loop`) keeps what every run shares, once: loaders, optimizer and
-schedule, AMP, EMA, atomic checkpoints and exact resume, signals, torchrun, metrics and curves, and the
-one weights reader (:func:`weightformer.engine.load_model`). How a task is offered on the command line
-is its :class:`~weightformer.engine.cli.TaskCLI` (``Task.cli``).
-
-A task's randomness must come only from the generators the loop seeds and checkpoints (torch, NumPy,
-Python), or from per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so that a
-resumed run equals an uninterrupted one. This module imports no torch, and a task's module should not
-at its top: ``--help`` reads only the class attributes, the recipes and ``config_class``.
-"""
+``meta`` describes; how it is offered on the command line is its :class:`~.cli.TaskCLI` (``Task.cli``).
+A task draws randomness only from the generators the loop seeds and checkpoints (torch, NumPy, Python) or
+from per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so a resumed run equals an
+uninterrupted one. This module imports no torch, nor should a task's at its top: ``--help`` reads only
+the class attributes, the recipes and ``config_class``."""
 
 from __future__ import annotations
 
@@ -47,14 +40,10 @@ class TaskData:
 
 
 class Task(ABC):
-    """One kind of training: what it adds to the shared engine.
-
-    ``name`` is what a checkpoint's ``meta["task"]`` says; ``best_metric`` the entry of :meth:`evaluate`
-    that picks ``best.pt`` (higher is better unless ``higher_is_better`` is False); ``curve_metrics``
-    those plotted in ``curves.png``. A model that wraps a timm backbone names it in ``backbone_path``
-    (``""``: the model is the backbone): ``--init`` from another task's checkpoint then loads only the
-    backbone, and ``layer_decay`` decays its blocks.
-    """
+    """One kind of training. ``name`` is what a checkpoint's ``meta["task"]`` says; ``best_metric`` the entry
+    of :meth:`evaluate` that picks ``best.pt``; ``curve_metrics`` those plotted in ``curves.png``. A model
+    that wraps a timm backbone names it in ``backbone_path`` (``""``: the model is the backbone): ``--init``
+    from another task's checkpoint then loads only the backbone, and ``layer_decay`` decays its blocks."""
 
     name: ClassVar[str]
     config_class: ClassVar[type[TrainConfig]] = TrainConfig
