@@ -1,7 +1,6 @@
-"""Writing a command's output without losing a file, one policy for every command that writes: into a
-temporary sibling, renamed into place at the end (a single file: :func:`write_atomic`); never over an
-existing output unasked; with ``--overwrite`` the old output is moved aside (``<name>.previous-<time>``),
-never deleted; and never onto one of the command's inputs."""
+"""One policy for every command that writes: into a temporary sibling renamed into place at the end (one
+file: :func:`write_atomic`); never over an existing output unasked; with ``--overwrite`` the old output moved
+aside (``<name>.previous-<time>``), never deleted; and never onto one of the command's inputs."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import ContextManager
 
 from ..atomic import write_atomic
 from .errors import ConfigError
-from .run_dir import check_writable_file, check_writable_folder
+from .run_dir import check_writable_file, check_writable_folder, unused_path
 
 __all__ = ["check_not_an_input", "check_output", "claim_outputs", "move_aside", "output_file", "output_folder",
            "removed_if_failed", "write_atomic"]
@@ -37,9 +36,7 @@ def check_output(path: Path, overwrite: bool, folder: bool, flag: str = "--out")
 def check_not_an_input(path: Path, inputs: "list[str | os.PathLike | None]", flag: str = "--out") -> None:
     """ConfigError if the output ``path`` is one of ``inputs`` or holds one (a folder around a checkpoint)."""
     target = Path(path).resolve()
-    for given in inputs:
-        if given is None:
-            continue
+    for given in (g for g in inputs if g is not None):
         source = Path(given).resolve()
         if source == target or target in source.parents:
             raise ConfigError(f"{flag} {path} would write over the command's input {given}; pass another {flag}")
@@ -47,12 +44,7 @@ def check_not_an_input(path: Path, inputs: "list[str | os.PathLike | None]", fla
 
 def move_aside(path: Path) -> Path:
     """Rename an existing ``path`` to ``<name>.previous-<time>`` beside it (never deleting it); returns the new name."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = path.with_name(f"{path.name}.previous-{stamp}")
-    suffix = 1
-    while aside.exists():
-        aside = path.with_name(f"{path.name}.previous-{stamp}-{suffix}")
-        suffix += 1
+    aside = unused_path(path.parent, f"{path.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
     os.replace(path, aside)
     return aside
 
