@@ -1,10 +1,7 @@
-"""The training loop every task shares, read top to bottom: :func:`train` resolves the config, checks
-the run folder, then calls :func:`build_data`, :func:`build_training`, :func:`restore` (or
-:func:`init_from_weights`), and loops :func:`train_one_epoch` and :func:`end_epoch` before
-:func:`finish`. What differs between tasks comes from a :class:`~weightformer.engine.task.Task`. The
-rest is timm's parts: ``create_optimizer_v2``, ``create_scheduler_v2`` (updated every step, applying
-per-group ``lr_scale``), ``ModelEmaV3`` and ``dispatch_clip_grad``.
-"""
+"""The training loop every task shares, read top to bottom: :func:`train` resolves the config, checks the run
+folder, calls :func:`build_data`, :func:`build_training`, :func:`restore` (or :func:`init_from_weights`), loops
+:func:`train_one_epoch` and :func:`end_epoch`, then :func:`finish`. What differs between tasks comes from a
+:class:`~.task.Task`; the rest is timm's optimizer, per-step scheduler (per-group ``lr_scale``), EMA and clipping."""
 
 from __future__ import annotations
 
@@ -31,14 +28,10 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError, save_atomic
 from ..data import ResumableSampler
-from .config import (
-    NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config, scaled_learning_rates,
-    validate_config,
-)
-from .distributed import (
-    DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed, max_over_ranks,
-    shutdown_distributed,
-)
+from .config import (NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config,
+                     scaled_learning_rates, validate_config)
+from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed,
+                          max_over_ranks, shutdown_distributed)
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 from .device import autocast
 from .outputs import removed_if_failed
@@ -125,31 +118,22 @@ def _default_output(cfg: TrainConfig, task: type[Task]) -> str:
     return f"runs/{task.output_prefix}{Path(cfg.data).name}_{cfg.model}"
 
 
-def _resume_path(cfg: TrainConfig) -> Optional[Path]:
-    """The checkpoint to resume from: ``--resume PATH``, or ``last.pt`` in the output folder for auto."""
-    if cfg.resume is None:
-        return None
-    if cfg.resume == "auto":
-        path = Path(cfg.output) / "last.pt"
-        return path if path.is_file() else None
-    path = Path(cfg.resume)
+def _resume_from(cfg: TrainConfig, task: type[Task]) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
+    """The checkpoint to resume from (``--resume PATH``, or ``last.pt`` in the output folder for auto) and its
+    whole training state, checked to be of ``task``; (None, None) when there is none."""
+    path = None if cfg.resume is None else Path(cfg.output) / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+    if path is None or (cfg.resume == "auto" and not path.is_file()):
+        return None, None
     if path.is_dir():
         raise CheckpointError(f"--resume {path} is a folder; pass --output {path} --resume auto, or its last.pt")
     if not path.is_file():
         raise CheckpointError(f"--resume {path}: no such file; pass an existing last.pt, or --resume auto")
-    return path
-
-
-def _read_resume_checkpoint(path: Path, task: type[Task]) -> dict[str, Any]:
-    """A whole training state of ``task``, or a CheckpointError (a weights-only file is pointed to ``--init``)."""
     ckpt = read_checkpoint(path)
     checkpoint_task(ckpt, f"--resume {path}", task)
     if not is_training_checkpoint(ckpt):
-        raise CheckpointError(
-            f"--resume {path}: the file holds weights only (no optimizer, schedule or step), so no run can "
-            f"continue from it; start a new run from these weights with --init {path}"
-        )
-    return ckpt
+        raise CheckpointError(f"--resume {path}: the file holds weights only (no optimizer, schedule or step), so no "
+                              f"run can continue from it; start a new run from these weights with --init {path}")
+    return path, ckpt
 
 
 @dataclass
@@ -196,11 +180,9 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
     choice = task.choose_recipe(data, user)
     cfg = resolve_config(config_class, choice.recipe.values, layers)
     cfg.output = cfg.output or _default_output(cfg, task)
-    applied = _applied(choice.recipe.values, layers, cfg)
-    resume_from = _resume_path(cfg)
-    if resume_from is None:
-        return PreparedRun(cfg, choice, applied)
-    ckpt = _read_resume_checkpoint(resume_from, task)
+    resume_from, ckpt = _resume_from(cfg, task)
+    if ckpt is None:
+        return PreparedRun(cfg, choice, _applied(choice.recipe.values, layers, cfg))
     saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k not in NOT_INHERITED}
     # The saved settings over the recipe of the run's data (for settings newer than the checkpoint);
     # a saved mapping (model_kwargs) replaces the recipe's whole, never merged into it.
@@ -214,13 +196,8 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
     return PreparedRun(cfg, RecipeChoice(RESUMED, f"--resume continues {resume_from}"), {}, resume_from, ckpt)
 
 
-def train(
-    config: TrainConfig | Mapping[str, Any],
-    config_file: Optional[str] = None,
-    stop: Optional[StopFlag] = None,
-    *,
-    task: type[Task] | str,
-) -> TrainResult:
+def train(config: TrainConfig | Mapping[str, Any], config_file: Optional[str] = None, stop: Optional[StopFlag] = None,
+          *, task: type[Task] | str) -> TrainResult:
     """Train a model of ``task`` (a Task subclass or a registered name) as ``config`` says: a mapping of
     settings, layered over the recipe and ``config_file`` as the ``train`` command layers its flags
     (:func:`prepare_config`), or a config object of the task's ``config_class``, used as it is. ``stop``,
@@ -234,10 +211,8 @@ def train(
         cfg = validate_config(config)
         if cfg.output is None:
             cfg = dataclasses.replace(cfg, output=_default_output(cfg, task))
-        resume_from = _resume_path(cfg)
-        ckpt = _read_resume_checkpoint(resume_from, task) if resume_from is not None else None
         prepared = PreparedRun(cfg, RecipeChoice(GIVEN, "the settings were passed as a config object"), {},
-                               resume_from, ckpt)
+                               *_resume_from(cfg, task))
     else:
         prepared = prepare_config(config, config_file, task=task)
     cfg = prepared.cfg
@@ -392,10 +367,9 @@ def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training
         print(f"note: {source} was saved by {len(rng)} process(es), this run has {dist_info.world_size}; "
               f"random streams restart from the seed, so the run will not match an uninterrupted one exactly")
     if state.step_in_epoch > data.steps_per_epoch:
-        raise CheckpointError(
-            f"{source} stopped at step {state.step_in_epoch} of an epoch that now has {data.steps_per_epoch} steps; "
-            f"resume with the batch size and number of processes it was saved with"
-        )
+        raise CheckpointError(f"{source} stopped at step {state.step_in_epoch} of an epoch that now has "
+                              f"{data.steps_per_epoch} steps; resume with the batch size and number of processes it "
+                              f"was saved with")
     return state
 
 
@@ -433,10 +407,8 @@ def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: 
 _CONTINUE, _STOP, _DIVERGED = 0, 1, 2
 
 
-def train_one_epoch(
-    cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState, progress: Progress,
-    stop: StopFlag, total_steps: int, dist_info: DistInfo,
-) -> Optional[str]:
+def train_one_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState,
+                    progress: Progress, stop: StopFlag, total_steps: int, dist_info: DistInfo) -> Optional[str]:
     """Optimizer steps until the epoch ends, ``total_steps`` is reached or a stop is asked for; returns the
     signal that stopped the run early, or None. TrainingDivergedError when any rank's loss is not finite."""
     device = dist_info.device
