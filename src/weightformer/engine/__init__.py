@@ -15,11 +15,10 @@ _EXPORTS = {
     "USER_ERRORS": "errors", "ConfigError": "errors",
     "Recipe": "recipes", "RecipeChoice": "recipes",
     "get_task": "registry", "register_task": "registry",
-    "StopFlag": "signals",
     "Command": "cli", "TaskCLI": "cli", "Task": "task", "TaskData": "task",
     "CHECKPOINT_FORMAT": "weights", "LoadedModel": "weights", "load_model": "weights",
     "load_model_state": "weights", "load_weights": "weights", "read_checkpoint": "weights",
-    "PreparedRun": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
+    "PreparedRun": "loop", "StopFlag": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
