@@ -1,9 +1,7 @@
-"""What a task is: its settings, recipes, data, model, loss and evaluation, and the model a checkpoint's
-``meta`` describes; how it is offered on the command line is its :class:`~.cli.TaskCLI` (``Task.cli``).
-A task draws randomness only from the generators the loop seeds and checkpoints (torch, NumPy, Python) or
-from per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so a resumed run equals an
-uninterrupted one. This module imports no torch, nor should a task's at its top: ``--help`` reads only
-the class attributes, the recipes and ``config_class``."""
+"""What a task is (settings, recipes, data, model, loss, evaluation, the model a checkpoint's ``meta`` describes);
+its command line is its :class:`~.cli.TaskCLI`. A task draws randomness only from the generators the loop seeds
+and checkpoints, or per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so a resumed run equals
+an uninterrupted one. No torch at a task module's top: ``--help`` reads only the class and its recipes."""
 
 from __future__ import annotations
 
@@ -82,8 +80,7 @@ class Task(ABC):
 
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
-        """A checkpoint of this task written at format ``version`` (older than the current one), with the
-        task's ``meta`` and ``config`` brought to the current format (called by the one upgrade function)."""
+        """A checkpoint of this task of an older format ``version`` with its ``meta`` and ``config`` made current."""
         return checkpoint
 
     @abstractmethod
@@ -92,8 +89,7 @@ class Task(ABC):
 
     @abstractmethod
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-        """The model on ``device``, and the plain-value ``meta`` that rebuilds it (:meth:`model_from_meta`);
-        ``meta["task"]`` must be :attr:`name`."""
+        """The model on ``device`` and the plain-value ``meta`` (``task``: :attr:`name`) that rebuilds it."""
 
     def check_checkpoint(self, saved: Mapping[str, Any], meta: Mapping[str, Any], source: str,
                          resuming: bool = True) -> None:
@@ -105,11 +101,16 @@ class Task(ABC):
         return what was loaded, as a clause of the run's announcement. A checkpoint of this task (or any,
         without a backbone inside the model) fills the whole model, a classifier of another size left as
         initialised; any other fills only the backbone."""
-        from .weights import checkpoint_task, load_backbone_weights, load_weights
+        from .weights import checkpoint_task, load_weights
 
         saved = dict(ckpt.get("meta") or {})
         if self.backbone_path and saved.get("task") != self.name:  # another task's, or a classifier's weights
-            return load_backbone_weights(model, self.backbone_path, self.cfg.model, ckpt, source)
+            if saved.get("model") not in (None, self.cfg.model):
+                raise CheckpointError(f"{source} holds a {saved['model']}, and this run's backbone is "
+                                      f"{self.cfg.model}; pass --model {saved['model']} (with its model kwargs) or "
+                                      f"another checkpoint")
+            load_weights(model.get_submodule(self.backbone_path), ckpt, source=source, ignore_classifier=True)
+            return f"; only its backbone ({self.cfg.model}): the neck and heads start fresh"
         checkpoint_task(ckpt, source, type(self))
         self.check_checkpoint(saved, meta, source, resuming=False)
         fresh = load_weights(model, ckpt, source=source, ignore_classifier=True)

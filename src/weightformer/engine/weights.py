@@ -24,16 +24,10 @@ from torch import nn
 from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_prefixes
 from .registry import default_task, get_task
 
-__all__ = [
-    "CHECKPOINT_FORMAT", "TRAINING_STATE_KEYS", "LoadedModel", "checkpoint_task", "is_training_checkpoint",
-    "load_backbone_weights", "load_model", "load_model_state", "load_weights", "model_state_from", "read_checkpoint",
-    "upgrade_checkpoint", "with_missing",
-]
+__all__ = ["CHECKPOINT_FORMAT", "LoadedModel", "checkpoint_task", "load_model", "load_model_state", "load_weights",
+           "model_state_from", "read_checkpoint", "upgrade_checkpoint", "with_missing"]
 
 CHECKPOINT_FORMAT = 1  # what train writes as checkpoint["format"]; a checkpoint without one is of format 0
-
-# What a checkpoint needs beyond the weights for a run to continue exactly where it stopped.
-TRAINING_STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "step_in_epoch", "global_step", "progress", "rng")
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -60,10 +54,8 @@ def upgrade_checkpoint(checkpoint: dict[str, Any], source: str) -> dict[str, Any
                               f"up to {CHECKPOINT_FORMAT}; read it with the newer weightformer that wrote it")
     checkpoint = dict(checkpoint)
     if isinstance(checkpoint.get("progress"), Mapping):  # format 0 may name the best score best_<metric>
-        progress = dict(checkpoint["progress"])
-        for key in [k for k in progress if k.startswith("best_") and k not in ("best_score", "best_epoch")]:
-            progress["best_score"] = progress.pop(key)
-        checkpoint["progress"] = progress
+        checkpoint["progress"] = {"best_score" if k.startswith("best_") and k != "best_epoch" else k: v
+                                  for k, v in checkpoint["progress"].items()}
     named = checkpoint["meta"].get("task")
     checkpoint = (get_task(named) if named else default_task()).upgrade_checkpoint(checkpoint, version)
     return {**checkpoint, "format": CHECKPOINT_FORMAT}
@@ -74,11 +66,6 @@ def with_missing(checkpoint: dict[str, Any], meta: Mapping[str, Any], config: Ma
     parts = {"meta": meta, "config": config}
     return {**checkpoint, **{k: {**defaults, **checkpoint[k]} for k, defaults in parts.items()
                              if isinstance(checkpoint.get(k), Mapping)}}
-
-
-def is_training_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
-    """Whether ``checkpoint`` holds a whole training state (``last.pt``), not only weights."""
-    return all(key in checkpoint for key in TRAINING_STATE_KEYS)
 
 
 def model_state_from(checkpoint: Mapping[str, Any], use_ema: Optional[bool] = False,
@@ -116,9 +103,9 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
         if out == model_out and chans != model_chans:  # (out, in_chans, kh, kw)
             raise CheckpointError(f"{source} takes {chans}-channel images and the model was built for {model_chans}-"
                                   f"channel images (the data's); use data with {chans} channel(s)")
-    classifier = pretrained_cfg.get("classifier", "head")
-    head_weight = f"{classifier}.weight"
-    if head_weight in reshaped and not (missing or unexpected) and all(k.startswith(f"{classifier}.") for k in reshaped):
+    head = pretrained_cfg.get("classifier", "head") + "."
+    head_weight = head + "weight"
+    if head_weight in reshaped and not (missing or unexpected) and all(k.startswith(head) for k in reshaped):
         raise CheckpointError(f"{source} has {state[head_weight].shape[0]} classes, the model has "
                               f"{expected[head_weight].shape[0]}; use a checkpoint trained on this data set, or data "
                               f"with the checkpoint's classes")
@@ -143,11 +130,10 @@ def _mismatches(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.
 
 def load_weights(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, Any], use_ema: Optional[bool] = False,
                  source: Optional[str] = None, ignore_classifier: bool = False) -> list[str]:
-    """Load weights of any format we know (a path or a read dict: ours, the authors', timm/DeiT, a bare
-    state dict, wrapped by DDP or ``torch.compile`` or not) into ``model``; weights that do not fit as
-    they are go through the model's ``checkpoint_filter_fn``. With ``ignore_classifier``, a classifier of
-    another size is left as initialised. Returns the names of the weights left as initialised; raises
-    :class:`CheckpointError` naming whatever else does not fit."""
+    """Load weights of any format we know (a path or a read dict: ours, the authors', timm/DeiT, a bare state dict,
+    wrapped by DDP or ``torch.compile`` or not) into ``model``, through its ``checkpoint_filter_fn`` if they do not
+    fit as they are. ``ignore_classifier`` leaves a classifier of another size as initialised. Returns the names of
+    the weights left as initialised; raises :class:`CheckpointError` naming whatever else does not fit."""
     source = source or (str(checkpoint) if not isinstance(checkpoint, Mapping) else "checkpoint")
     ckpt = checkpoint if isinstance(checkpoint, Mapping) else read_checkpoint(checkpoint)
     state = strip_wrapper_prefixes(model_state_from(ckpt, use_ema, source=source))
@@ -175,35 +161,15 @@ def load_weights(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, 
     return kept
 
 
-def load_backbone_weights(model: nn.Module, backbone_path: str, model_name: str, checkpoint: Mapping[str, Any],
-                          source: str) -> str:
-    """Load a classifier's weights (a read checkpoint of any format :func:`load_weights` knows) into the
-    timm backbone ``model_name`` at ``backbone_path`` inside a dense model, its classifier dropped; the
-    rest keeps its initialisation. Returns what was loaded, as a clause of the run's announcement."""
-    meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
-    if meta.get("model") not in (None, model_name):
-        raise CheckpointError(f"{source} holds a {meta['model']}, and this run's backbone is {model_name}; "
-                              f"pass --model {meta['model']} (with its model kwargs) or another checkpoint")
-    load_weights(model.get_submodule(backbone_path), checkpoint, source=source, ignore_classifier=True)
-    return f"; only its backbone ({model_name}): the neck and heads start fresh"
-
-
 @dataclass
 class LoadedModel:
-    """A model rebuilt from a checkpoint, in eval mode: its task, what rebuilds it (``meta``), where it
-    came from, and the checkpoint as read (for its saved config and metrics)."""
+    """A model rebuilt from a checkpoint, in eval mode, with its task, ``meta``, source and the checkpoint as read."""
 
     task: Any  # the Task subclass
     model: nn.Module
     meta: dict[str, Any]
     source: str
     checkpoint: dict[str, Any] = field(default_factory=dict, repr=False)
-
-
-def _file_of(source: str) -> str:
-    """The file a checkpoint's ``source`` names: the path itself, or the path after ``--resume``/``--init``."""
-    flag, _, rest = source.partition(" ")
-    return rest if flag in ("--resume", "--init") and rest else source
 
 
 def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = None) -> Any:
@@ -214,19 +180,20 @@ def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = 
         return expected if expected is not None else default_task()
     task = get_task(named)
     if expected is not None and task is not expected and task.name != expected.name:
+        flag, _, path = source.partition(" ")  # source: a path, or "--resume PATH" / "--init PATH"
+        path = path if flag in ("--resume", "--init") and path else source
         raise CheckpointError(f"{source} is a {task.name} checkpoint, not a {expected.name} one; use it with "
-                              f"{task.cli.program} (e.g. {task.cli.next_command(Path(_file_of(source)))})")
+                              f"{task.cli.program} (e.g. {task.cli.next_command(Path(path))})")
     return task
 
 
 def load_model(checkpoint: str | os.PathLike | None = None, task: Any = None, model: Optional[str] = None,
                model_kwargs: Optional[Mapping[str, Any]] = None, use_ema: Optional[bool] = False,
                pretrained: bool = False, device: str | torch.device = "cpu") -> LoadedModel:
-    """The model in ``checkpoint`` (any file :func:`read_checkpoint` reads; weights without our ``meta``
-    need ``model``), in eval mode on ``device``: the one reader behind every command. ``task`` (a Task
-    subclass or a registered name) is the task the caller expects; ``model`` names another architecture
-    for the weights; ``model_kwargs`` are laid over the saved ones; ``use_ema`` takes the EMA weights
-    (None: if there are any). No checkpoint, ``model`` and ``pretrained``: timm's pretrained weights."""
+    """The model in ``checkpoint`` (any file :func:`read_checkpoint` reads; weights without our ``meta`` need
+    ``model``), in eval mode on ``device``: the one reader behind every command. ``task`` (a Task subclass or a name)
+    is the task the caller expects; ``model`` names another architecture for the weights; ``model_kwargs`` are laid
+    over the saved ones; ``use_ema`` None: EMA if any. No checkpoint, ``model`` and ``pretrained``: timm's weights."""
     expected = get_task(task) if isinstance(task, str) else task
     model_kwargs = dict(model_kwargs or {})
     if checkpoint is None:
