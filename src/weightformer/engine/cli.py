@@ -1,9 +1,7 @@
-"""The command line of every task, built from the task: ``train`` has one flag per setting of its config
-class that has help (the rest through ``--set name=value``), each ``(default: ...)`` read off the recipes;
-the other commands come from its :class:`TaskCLI` (``Task.cli``). Exit codes: 0 done; 2 a user's mistake
-(one ``error:`` line); 1 out of memory or a diverged loss (one line), or a bug (its traceback); 130 / 143 a
-run stopped by SIGINT / SIGTERM after saving its checkpoint; a task's command may add its own (``predict``: 3).
-"""
+"""The command line of every task: ``train`` has one flag per setting of its config class that has help (the rest
+through ``--set name=value``), each ``(default: ...)`` read off the recipes; the others come from its :class:`TaskCLI`.
+Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory or a diverged loss (one line), or a bug
+(its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM, checkpoint saved; a task's command may add its own."""
 
 from __future__ import annotations
 
@@ -22,6 +20,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .config import config_fields, parse_model_kwargs
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
+from .outputs import output_file
+from .run_dir import check_writable_file
 
 __all__ = [
     "BUG_REPORT", "Command", "TaskCLI", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments",
@@ -37,8 +37,7 @@ _NOT_SETTINGS = ("command", "config_file", "model_kwargs", "model_arg", "set")
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand of a task besides ``train``: ``add_arguments`` adds its flags, ``run`` does the work
-    from the parsed arguments and returns the exit code."""
+    """A subcommand besides ``train``: ``add_arguments`` adds its flags, ``run`` runs it and returns the exit code."""
 
     name: str
     help: str
@@ -138,13 +137,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
         if base is bool:
             action = "store_false" if flag.startswith("--no-") else "store_true"
             parser.add_argument(flag, dest=name, action=action, default=S, help=text)
-        elif typing.get_origin(base) is tuple:
-            nargs = "+" if typing.get_args(base)[-1] is Ellipsis else len(typing.get_args(base))
-            parser.add_argument(flag, dest=name, type=finite_float, nargs=nargs, default=S, help=text,
-                                metavar=meta.get("metavar"))
-        else:
-            parser.add_argument(flag, dest=name, type=finite_float if base is float else base, default=S, help=text,
-                                choices=meta.get("choices"), metavar=meta.get("metavar"))
+            continue
+        items = typing.get_args(base) if typing.get_origin(base) is tuple else None  # a tuple: one value per item
+        nargs = None if items is None else "+" if items[-1] is Ellipsis else len(items)
+        parser.add_argument(flag, dest=name, type=finite_float if items or base is float else base, nargs=nargs,
+                            default=S, help=text, choices=meta.get("choices"), metavar=meta.get("metavar"))
     parser.add_argument("--model-kwargs", "--model-arg", dest="model_kwargs", nargs="+", action="extend",
                         metavar="KEY=VALUE", default=[],
                         help="keyword arguments of the model builder, e.g. patch_size=4 drop_path_rate=0.1 "
@@ -164,16 +161,11 @@ def train_overrides(args: argparse.Namespace, task: Any) -> dict[str, Any]:
     return values
 
 
-def _task_arguments(args: argparse.Namespace, task: Any) -> argparse.Namespace:
-    """The flags of ``task.cli.train_arguments`` (those that are not settings)."""
-    fields = config_fields(task.config_class)
-    return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
-
-
 def _run_train(task: Any, args: argparse.Namespace) -> int:
     from .loop import train
 
-    extra = _task_arguments(args, task)
+    fields = config_fields(task.config_class)  # the flags of task.cli.train_arguments are those that are not settings
+    extra = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
     task.cli.check_train_arguments(extra)
     result = train(train_overrides(args, task), config_file=getattr(args, "config_file", None), task=task)
     if result.stopped_by is not None:  # SIGINT / SIGTERM
@@ -198,8 +190,6 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
     """``--json PATH``, checked before the work (not after it), or None. It may not be one of the
     command's inputs (any other argument naming that file), nor an existing file unless ``--overwrite``."""
-    from .run_dir import check_writable_file
-
     if not getattr(args, "json", None):
         return None
     path = Path(args.json)
@@ -219,8 +209,6 @@ def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
     """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file."""
-    from .outputs import output_file
-
     print(json.dumps(result), flush=True)
     if json_path is not None:
         try:
@@ -271,28 +259,21 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         warnings.formatwarning = previous_format
 
 
-def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.ArgumentParser:
-    """The ``train`` subcommand of ``task`` on the subparsers ``sub``."""
-    recipes = "; ".join(f"{r.name}: {r.summary}" for r in task.recipes())
-    train = sub.add_parser(
-        name, help=f"train a {task.name} model", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
-                    f"and why; flags and --config override it.\nRecipes: {recipes}.")
-    add_settings_arguments(train, task)
-    task.cli.train_arguments(train)
-    return train
-
-
 def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentParser:
     """``weightformer <task>``'s parser: ``train`` and the task's commands."""
     parser = OneLineParser(prog=prog or task.cli.program, description=task.cli.description or None)
     commands = list(task.cli.commands)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
                                 metavar="{" + ",".join(["train", *(c.name for c in commands)]) + "}")
-    add_train_parser(sub, task)
+    recipes = "; ".join(f"{r.name}: {r.summary}" for r in task.recipes())
+    train = sub.add_parser(
+        "train", help=f"train a {task.name} model", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
+                    f"and why; flags and --config override it.\nRecipes: {recipes}.")
+    add_settings_arguments(train, task)
+    task.cli.train_arguments(train)
     for command in commands:
-        p = sub.add_parser(command.name, help=command.help, description=command.description)
-        command.add_arguments(p)
+        command.add_arguments(sub.add_parser(command.name, help=command.help, description=command.description))
     return parser
 
 
@@ -304,8 +285,7 @@ def main(task: Any, argv: Optional[Sequence[str]] = None, prog: Optional[str] = 
         if exc.code in (0, None):
             raise
         return int(exc.code) if isinstance(exc.code, int) else 2
-    name = args.command
-    del args.command
+    name = vars(args).pop("command")
     if name == "train":
         return run_reporting_errors(lambda: _run_train(task, args), hint_grad_checkpointing=True)
     command = next(c for c in task.cli.commands if c.name == name)

@@ -50,7 +50,10 @@ def move_aside(path: Path) -> Path:
 
 
 @contextmanager
-def _staged(path: Path, overwrite: bool, folder: bool) -> Iterator[Path]:
+def output_file(path: Path, overwrite: bool = False, folder: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (``folder``: a temporary folder); when the block succeeds, it takes
+    the place of ``path``, an old one moved aside (:func:`move_aside`) only then. A file has ``path``'s own name,
+    in a temporary folder: some writers record the name (torch.export's .pt2 archive names its root after it)."""
     path = Path(path)
     check_output(path, overwrite, folder=folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -64,25 +67,16 @@ def _staged(path: Path, overwrite: bool, folder: bool) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def output_file(path: Path, overwrite: bool = False) -> ContextManager[Path]:
-    """Yield a temporary path beside ``path``; when the block succeeds, rename it to ``path`` (an old
-    ``path`` moved aside: :func:`move_aside`). The temporary file has ``path``'s own name, inside a
-    temporary folder: some writers record the name (torch.export's .pt2 archive names its root folder after it)."""
-    return _staged(path, overwrite, folder=False)
-
-
 def output_folder(path: Path, overwrite: bool = False) -> ContextManager[Path]:
-    """Yield a temporary folder beside ``path``; when the block succeeds, it takes the place of ``path``
-    (an old ``path``, only after the new one is complete, is moved aside: :func:`move_aside`)."""
-    return _staged(path, overwrite, folder=True)
+    """:func:`output_file` of a folder."""
+    return output_file(path, overwrite, folder=True)
 
 
 def claim_outputs(paths: Sequence[Path], overwrite: bool, command: str, flag: str = "--out",
                   inputs: "Sequence[str | os.PathLike]" = (), hint: str = "") -> list[Path]:
-    """The output rule for a command that writes named files into a folder, applied before the work: none
-    of ``paths`` is one of ``inputs`` (:func:`check_not_an_input`), and none exists unless ``overwrite``;
-    then those there are moved aside (:func:`move_aside`), never deleted, and their new names returned.
-    Other files in the folder are never touched. ``hint`` ends the refusal's message."""
+    """Before the work of a command that writes named files into a folder: none of ``paths`` is one of ``inputs``,
+    and none exists unless ``overwrite``; those there are moved aside (:func:`move_aside`) and their new names
+    returned. Other files in the folder are never touched. ``hint`` ends the refusal's message."""
     for path in paths:
         check_not_an_input(path, list(inputs), flag)
     taken = [Path(p) for p in paths if Path(p).exists()]
