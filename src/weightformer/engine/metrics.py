@@ -66,8 +66,7 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """Per-epoch progress: a tqdm bar with ETA on a terminal, else a line every ``interval`` steps; silent
-    when not ``enabled`` (ranks other than 0)."""
+    """Per-epoch progress: a tqdm bar on a terminal, else a line every ``interval`` steps; silent unless ``enabled``."""
 
     def __init__(self, enabled: bool, interval: int, total_steps: int, done_steps: int):
         self.enabled = enabled

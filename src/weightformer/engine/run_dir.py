@@ -31,8 +31,7 @@ def check_writable_folder(folder: Path, flag: str) -> None:
 
 
 def check_writable_file(path: Path, flag: str) -> None:
-    """Check before the work that ``path`` can be written (its folder exists or can be made, it is
-    not a folder), without creating the file itself."""
+    """Before the work: ``path`` can be written (its folder exists or can be made, it is not a folder)."""
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; pass a file path such as {path / 'results.json'}")
     check_writable_folder(path.parent if str(path.parent) else Path("."), f"the folder of {flag}")
