@@ -1,10 +1,8 @@
 """The engine every task shares, and that knows no task: ``train(config, task=...)`` runs the loop
-(checkpoints, exact resume, signals, torchrun, metrics) around a :class:`Task`; ``load_model``
-reads any checkpoint into its task's model; :mod:`.cli` builds each task's command line; the
-settings every run has (:class:`TrainConfig`) and the recipes that fill them.
-
-Each name is imported from its submodule on first use (PEP 562), so the command line reads
-:class:`TaskCLI`, the config classes and the recipes without importing torch."""
+(checkpoints, exact resume, signals, torchrun, metrics) around a :class:`Task`; ``load_model`` reads any
+checkpoint into its task's model; :mod:`.cli` builds each task's command line. Each name is imported from
+its submodule on first use (PEP 562), so the command line reads :class:`TaskCLI`, the config classes and
+the recipes without importing torch."""
 
 from .. import _lazy_exports
 
@@ -17,45 +15,10 @@ _EXPORTS = {
     "USER_ERRORS": "errors", "ConfigError": "errors",
     "Recipe": "recipes", "RecipeChoice": "recipes",
     "get_task": "registry", "register_task": "registry",
-    "StopFlag": "signals",
     "Command": "cli", "TaskCLI": "cli", "Task": "task", "TaskData": "task",
     "CHECKPOINT_FORMAT": "weights", "LoadedModel": "weights", "load_model": "weights",
     "load_model_state": "weights", "load_weights": "weights", "read_checkpoint": "weights",
-    "PreparedRun": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
+    "PreparedRun": "loop", "StopFlag": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
-
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "USER_ERRORS",
-    "Command",
-    "ConfigError",
-    "DistInfo",
-    "LoadedModel",
-    "PreparedRun",
-    "Recipe",
-    "RecipeChoice",
-    "StopFlag",
-    "Task",
-    "TaskCLI",
-    "TaskData",
-    "TrainConfig",
-    "TrainResult",
-    "autocast",
-    "get_task",
-    "init_distributed",
-    "load_config_file",
-    "load_model",
-    "load_model_state",
-    "load_weights",
-    "parse_model_kwargs",
-    "pick_device",
-    "prepare_config",
-    "read_checkpoint",
-    "register_task",
-    "resolve_config",
-    "scaled_learning_rates",
-    "setting",
-    "train",
-    "validate_config",
-]
+__all__ = sorted(_EXPORTS)

@@ -1,13 +1,7 @@
-"""The command line of every task, built from the task: ``train`` from its config section and recipes,
-the rest from its :class:`TaskCLI` (``Task.cli``); the flags every task shares are defined here, once.
-
-``weightformer det train`` gets one flag per setting of ``DetectionConfig`` that has help (the rest
-through ``--set name=value``), each flag's ``(default: ...)`` read off the task's recipes. Exit codes:
-0 done; 2 a user's mistake (one ``error:`` line); 1 a run that failed for another reason: out of
-memory or a diverged loss (one line), or a bug (its traceback, and where to report it); 130 / 143 a
-run stopped by SIGINT / SIGTERM after saving its checkpoint; a task's command may add its own
-(classification's ``predict``: 3).
-"""
+"""The command line of every task: ``train`` has one flag per setting of its config class that has help (the rest
+through ``--set name=value``), each ``(default: ...)`` read off the recipes; the others come from its :class:`TaskCLI`.
+Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory or a diverged loss (one line), or a bug
+(its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM, checkpoint saved; a task's command may add its own."""
 
 from __future__ import annotations
 
@@ -26,10 +20,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .config import config_fields, parse_model_kwargs
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
+from .outputs import output_file
+from .run_dir import check_writable_file
 
 __all__ = [
     "BUG_REPORT", "Command", "TaskCLI", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments",
-    "build_parser", "exit_code", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results",
+    "build_parser", "finite_float", "json_path_argument", "main", "one_line", "print_and_write_results",
     "run_reporting_errors", "train_overrides",
 ]
 
@@ -41,8 +37,7 @@ _NOT_SETTINGS = ("command", "config_file", "model_kwargs", "model_arg", "set")
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand of a task besides ``train``: ``add_arguments`` adds its flags, ``run`` does the work
-    from the parsed arguments and returns the exit code."""
+    """A subcommand besides ``train``: ``add_arguments`` adds its flags, ``run`` runs it and returns the exit code."""
 
     name: str
     help: str
@@ -55,10 +50,6 @@ def _nothing(*args: Any) -> None:
     return None
 
 
-def _eval_checkpoint(checkpoint: Path) -> str:
-    return f"eval --checkpoint {checkpoint}"
-
-
 @dataclass(frozen=True)
 class TaskCLI:
     """How a task is offered on the command line, and how its runs report (``Task.cli``)."""
@@ -68,7 +59,7 @@ class TaskCLI:
     commands: Sequence[Command]  # the subcommands beside train
     summary: Callable[[Mapping[str, Any]], str]  # the metrics of an evaluation as one line, after each epoch
     score: str  # the best metric's value as the run's last lines print it: "top-1 {:.2f}%"
-    next_step: Callable[[Path], str] = _eval_checkpoint  # the subcommand to run on a checkpoint of the task
+    next_step: Callable[[Path], str] = lambda path: f"eval --checkpoint {path}"  # the command on a checkpoint
     train_arguments: Callable[[argparse.ArgumentParser], None] = _nothing  # flags of train that are not settings
     check_train_arguments: Callable[[argparse.Namespace], None] = _nothing  # checks them before the run
     after_training: Callable[[Any, argparse.Namespace], None] = _nothing  # (TrainResult, those flags) after a run
@@ -146,13 +137,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
         if base is bool:
             action = "store_false" if flag.startswith("--no-") else "store_true"
             parser.add_argument(flag, dest=name, action=action, default=S, help=text)
-        elif typing.get_origin(base) is tuple:
-            nargs = "+" if typing.get_args(base)[-1] is Ellipsis else len(typing.get_args(base))
-            parser.add_argument(flag, dest=name, type=finite_float, nargs=nargs, default=S, help=text,
-                                metavar=meta.get("metavar"))
-        else:
-            parser.add_argument(flag, dest=name, type=finite_float if base is float else base, default=S, help=text,
-                                choices=meta.get("choices"), metavar=meta.get("metavar"))
+            continue
+        items = typing.get_args(base) if typing.get_origin(base) is tuple else None  # a tuple: one value per item
+        nargs = None if items is None else "+" if items[-1] is Ellipsis else len(items)
+        parser.add_argument(flag, dest=name, type=finite_float if items or base is float else base, nargs=nargs,
+                            default=S, help=text, choices=meta.get("choices"), metavar=meta.get("metavar"))
     parser.add_argument("--model-kwargs", "--model-arg", dest="model_kwargs", nargs="+", action="extend",
                         metavar="KEY=VALUE", default=[],
                         help="keyword arguments of the model builder, e.g. patch_size=4 drop_path_rate=0.1 "
@@ -172,32 +161,22 @@ def train_overrides(args: argparse.Namespace, task: Any) -> dict[str, Any]:
     return values
 
 
-def _task_arguments(args: argparse.Namespace, task: Any) -> argparse.Namespace:
-    """The flags of ``task.cli.train_arguments`` (those that are not settings)."""
-    fields = config_fields(task.config_class)
-    return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
-
-
-def exit_code(result: Any) -> int:
-    """0 for a finished run, 130 / 143 for one stopped by SIGINT / SIGTERM."""
-    return SIGNAL_EXIT_CODES.get(result.stopped_by, 130) if result.stopped_by else 0
-
-
 def _run_train(task: Any, args: argparse.Namespace) -> int:
     from .loop import train
 
-    extra = _task_arguments(args, task)
+    fields = config_fields(task.config_class)  # the flags of task.cli.train_arguments are those that are not settings
+    extra = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in fields and k not in _NOT_SETTINGS})
     task.cli.check_train_arguments(extra)
     result = train(train_overrides(args, task), config_file=getattr(args, "config_file", None), task=task)
-    if result.stopped_by is None:
-        task.cli.after_training(result, extra)
-    return exit_code(result)
+    if result.stopped_by is not None:  # SIGINT / SIGTERM
+        return SIGNAL_EXIT_CODES.get(result.stopped_by, 130)
+    task.cli.after_training(result, extra)
+    return 0
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, command: str, required: bool = True) -> None:
     """``--checkpoint``, ``--ema`` and ``--device``; ``command`` (``weightformer det``) is for the help."""
-    parser.add_argument("--checkpoint", required=required,
-                        help=f"a last.pt or best.pt written by {command} train")
+    parser.add_argument("--checkpoint", required=required, help=f"a last.pt or best.pt written by {command} train")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto: cuda if available (default: auto)")
@@ -211,8 +190,6 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
     """``--json PATH``, checked before the work (not after it), or None. It may not be one of the
     command's inputs (any other argument naming that file), nor an existing file unless ``--overwrite``."""
-    from .run_dir import check_writable_file
-
     if not getattr(args, "json", None):
         return None
     path = Path(args.json)
@@ -232,8 +209,6 @@ def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
     """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file."""
-    from .outputs import output_file
-
     print(json.dumps(result), flush=True)
     if json_path is not None:
         try:
@@ -246,28 +221,16 @@ def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -
     return 0
 
 
-def _format_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
-    return f"warning: {message}\n"
-
-
 def one_line(exc: BaseException) -> str:
     """The message of ``exc`` as one line."""
-    text = str(exc).strip()
-    return " ".join(text.splitlines()) if text else type(exc).__name__
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+    return " ".join(str(exc).strip().splitlines()) or type(exc).__name__
 
 
 def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
     """Run ``command`` and turn what it raises into the exit codes and messages of this module's docstring;
     every command's work runs here, after the WeightFormer models are registered with timm."""
-    previous_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    previous_format = warnings.formatwarning
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
     try:
         import_module("weightformer.models")  # registers with timm (already done in a library user's process)
         return command()
@@ -281,8 +244,11 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         print("aborted", file=sys.stderr)
         return 130
     except Exception as exc:
-        if _is_out_of_memory(exc):
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError)  # CUDA's, or the CPU allocator's
+                                                       and "can't allocate memory" in str(exc)):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             print(f"error: out of memory ({first}); pass a smaller --batch-size"
                   f"{' or --grad-checkpointing' if hint_grad_checkpointing else ''}", file=sys.stderr)
             return 1
@@ -293,28 +259,21 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         warnings.formatwarning = previous_format
 
 
-def add_train_parser(sub: Any, task: Any, name: str = "train") -> argparse.ArgumentParser:
-    """The ``train`` subcommand of ``task`` on the subparsers ``sub``."""
-    recipes = "; ".join(f"{r.name}: {r.summary}" for r in task.recipes())
-    train = sub.add_parser(
-        name, help=f"train a {task.name} model", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
-                    f"and why; flags and --config override it.\nRecipes: {recipes}.")
-    add_settings_arguments(train, task)
-    task.cli.train_arguments(train)
-    return train
-
-
 def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentParser:
     """``weightformer <task>``'s parser: ``train`` and the task's commands."""
     parser = OneLineParser(prog=prog or task.cli.program, description=task.cli.description or None)
     commands = list(task.cli.commands)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
                                 metavar="{" + ",".join(["train", *(c.name for c in commands)]) + "}")
-    add_train_parser(sub, task)
+    recipes = "; ".join(f"{r.name}: {r.summary}" for r in task.recipes())
+    train = sub.add_parser(
+        "train", help=f"train a {task.name} model", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
+                    f"and why; flags and --config override it.\nRecipes: {recipes}.")
+    add_settings_arguments(train, task)
+    task.cli.train_arguments(train)
     for command in commands:
-        p = sub.add_parser(command.name, help=command.help, description=command.description)
-        command.add_arguments(p)
+        command.add_arguments(sub.add_parser(command.name, help=command.help, description=command.description))
     return parser
 
 
@@ -326,8 +285,7 @@ def main(task: Any, argv: Optional[Sequence[str]] = None, prog: Optional[str] = 
         if exc.code in (0, None):
             raise
         return int(exc.code) if isinstance(exc.code, int) else 2
-    name = args.command
-    del args.command
+    name = vars(args).pop("command")
     if name == "train":
         return run_reporting_errors(lambda: _run_train(task, args), hint_grad_checkpointing=True)
     command = next(c for c in task.cli.commands if c.name == name)

@@ -1,6 +1,5 @@
-"""Where a model runs and in which precision: the one device picker and the one autocast context.
-
-Importing it does not import torch (the command line reads :data:`AMP_MODES`); its functions do."""
+"""Where a model runs and in which precision: the one device picker and the one autocast context. Importing
+it does not import torch (the command line reads :data:`AMP_MODES`); its functions do."""
 
 from __future__ import annotations
 

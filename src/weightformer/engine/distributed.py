@@ -11,10 +11,8 @@ import torch.distributed as dist
 
 from .device import pick_device
 
-__all__ = [
-    "DistInfo", "all_gather_objects", "all_reduce_sum", "init_distributed", "max_over_ranks",
-    "shutdown_distributed",
-]
+__all__ = ["DistInfo", "all_gather_objects", "all_reduce_sum", "init_distributed", "max_over_ranks",
+           "shutdown_distributed"]
 
 
 @dataclass(frozen=True)
@@ -37,11 +35,8 @@ class DistInfo:
 
 
 def init_distributed(device: str = "auto") -> DistInfo:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), if any.
-
-    NCCL on GPU, gloo on CPU. Without torchrun's variables this is a single process on rank 0.
-    An already initialised process group is used as it is.
-    """
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), if any: NCCL on GPU, gloo on
+    CPU; an existing one is used as it is. Without torchrun's variables, a single process on rank 0."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     dev = pick_device(device, local_rank)
     if dev.type == "cuda":
@@ -88,9 +83,8 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
 
 
 def broadcast_buffers(module: torch.nn.Module, info: DistInfo) -> None:
-    """Give every rank rank 0's buffers (BatchNorm's running statistics). DDP broadcasts them before
-    each training forward, but each rank's last forward updates its own copy afterwards; without this,
-    the ranks would evaluate, and end, with different statistics."""
-    if info.world_size > 1:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics): DDP broadcasts them before each
+    forward, but each rank's last forward updates its own copy, so the ranks would evaluate differently."""
+    if info.distributed:
         for buffer in module.buffers():
             dist.broadcast(buffer.data, src=0)

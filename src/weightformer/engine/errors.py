@@ -27,17 +27,15 @@ _SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for 
 
 
 def is_signature_error(exc: TypeError) -> bool:
-    """Whether ``exc`` says a call's keywords do not fit the callee (a user's bad ``--model-kwargs``),
-    rather than a TypeError raised inside it (a bug)."""
+    """Whether ``exc`` says a call's keywords do not fit the callee (bad ``--model-kwargs``), not a bug inside it."""
     return bool(_SIGNATURE_ERROR.search(str(exc)))
 
 
 @contextmanager
 def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = "") -> Iterator[None]:
-    """Build a model inside this block: a builder's refusal of the user's model kwargs (the TypeError of
-    a keyword it does not take, a ValueError or timm's AssertionError for a value it refuses) becomes one ConfigError line
-    naming ``what`` and the kwargs; any other TypeError is a bug and keeps its traceback. ``hint``
-    adds what the kwargs may hold (e.g. a head's widths)."""
+    """Build a model inside this block: a builder's refusal of the user's model kwargs (a keyword it does not
+    take, a value it refuses) becomes one ConfigError naming ``what`` and the kwargs, ``hint`` (what the kwargs
+    may hold) after it; any other TypeError is a bug and keeps its traceback."""
     try:
         yield
     except TypeError as exc:
@@ -46,6 +44,6 @@ def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = ""
         raise ConfigError(f"{what} does not take the model arguments {dict(kwargs)}: {exc}; check --model-kwargs"
                           f"{hint}") from exc
     except (ValueError, AssertionError) as exc:  # timm checks some arguments with asserts (num_heads | embed_dim)
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise ConfigError(f"cannot build {what} with model arguments {dict(kwargs)}: {detail}; check "
                           f"--model-kwargs{hint}") from exc

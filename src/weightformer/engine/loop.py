@@ -1,10 +1,7 @@
-"""The training loop every task shares, read top to bottom: :func:`train` resolves the config, checks
-the run folder, then calls :func:`build_data`, :func:`build_training`, :func:`restore` (or
-:func:`init_from_weights`), and loops :func:`train_one_epoch` and :func:`end_epoch` before
-:func:`finish`. What differs between tasks comes from a :class:`~weightformer.engine.task.Task`. The
-rest is timm's parts: ``create_optimizer_v2``, ``create_scheduler_v2`` (updated every step, applying
-per-group ``lr_scale``), ``ModelEmaV3`` and ``dispatch_clip_grad``.
-"""
+"""The training loop every task shares, read top to bottom: :func:`train` resolves the config, checks the run
+folder, calls :func:`build_data`, :func:`build_training`, :func:`restore` (or :func:`init_from_weights`), loops
+:func:`train_one_epoch` and :func:`end_epoch`, then :func:`finish`. What differs between tasks comes from a
+:class:`~.task.Task`; the rest is timm's optimizer, per-step scheduler (per-group ``lr_scale``), EMA and clipping."""
 
 from __future__ import annotations
 
@@ -12,6 +9,8 @@ import dataclasses
 import math
 import os
 import random
+import signal
+import threading
 import time
 import warnings
 from contextlib import nullcontext
@@ -31,29 +30,25 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError, save_atomic
 from ..data import ResumableSampler
-from .config import (
-    NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config, scaled_learning_rates,
-    validate_config,
-)
-from .distributed import (
-    DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed, max_over_ranks,
-    shutdown_distributed,
-)
+from .config import (NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config,
+                     scaled_learning_rates, validate_config)
+from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed,
+                          max_over_ranks, shutdown_distributed)
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 from .device import autocast
 from .outputs import removed_if_failed
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, start_run_folder
-from .signals import StopFlag
 from .recipes import RESUMED, Recipe, RecipeChoice
 from .registry import get_task
-from .rng import capture_rng, restore_rng
 from .task import Task, TaskData
-from .weights import CHECKPOINT_FORMAT, checkpoint_task, is_training_checkpoint, load_weights, read_checkpoint
+from .weights import CHECKPOINT_FORMAT, checkpoint_task, load_weights, read_checkpoint
 
 __all__ = ["PreparedRun", "StopFlag", "TrainResult", "prepare_config", "train"]
 
 GIVEN = Recipe("given", "the settings of the config object passed to train()")
+# What a checkpoint needs beyond the weights for a run to continue exactly where it stopped.
+TRAINING_STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "step_in_epoch", "global_step", "progress", "rng")
 
 
 @dataclass
@@ -100,7 +95,7 @@ class Training:
 
 @dataclass
 class RunState:
-    """Where the run stands, and the running sums of the current epoch (saved in every checkpoint)."""
+    """Where the run stands, then its ``progress``: the running sums of the epoch and the best result so far."""
 
     epoch: int = 0  # index of the epoch in progress
     step_in_epoch: int = 0  # optimizer steps taken in it
@@ -111,13 +106,37 @@ class RunState:
     best_score: Optional[float] = None  # best value of the task's best_metric so far
     best_epoch: Optional[int] = None
 
-    @classmethod
-    def from_checkpoint(cls, ckpt: Mapping[str, Any]) -> "RunState":
-        return cls(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **ckpt["progress"])
 
-    def progress(self) -> dict[str, Any]:
-        return {"loss_sum": self.loss_sum, "samples": self.samples, "seconds": self.seconds,
-                "best_score": self.best_score, "best_epoch": self.best_epoch}
+class StopFlag:
+    """Set by SIGINT/SIGTERM or code: the loop saves after its step; a second signal raises KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.signal_name: Optional[str] = None
+        self._previous: dict[int, Any] = {}
+
+    def set(self, name: str = "stop") -> None:
+        self.signal_name = name
+
+    def __bool__(self) -> bool:
+        return self.signal_name is not None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self:
+            raise KeyboardInterrupt
+        self.set(signal.Signals(signum).name)
+        print(f"\n{self.signal_name} received: finishing this step and saving a checkpoint "
+              f"(send it again to abort without saving)", flush=True)
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM (only possible in the main thread; elsewhere a no-op)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
 
 def _default_output(cfg: TrainConfig, task: type[Task]) -> str:
@@ -125,31 +144,21 @@ def _default_output(cfg: TrainConfig, task: type[Task]) -> str:
     return f"runs/{task.output_prefix}{Path(cfg.data).name}_{cfg.model}"
 
 
-def _resume_path(cfg: TrainConfig) -> Optional[Path]:
-    """The checkpoint to resume from: ``--resume PATH``, or ``last.pt`` in the output folder for auto."""
-    if cfg.resume is None:
-        return None
-    if cfg.resume == "auto":
-        path = Path(cfg.output) / "last.pt"
-        return path if path.is_file() else None
-    path = Path(cfg.resume)
+def _resume_from(cfg: TrainConfig, task: type[Task]) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
+    """``--resume``'s file (auto: the output folder's ``last.pt``, if any) and its training state; or (None, None)."""
+    path = None if cfg.resume is None else Path(cfg.output) / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+    if path is None or (cfg.resume == "auto" and not path.is_file()):
+        return None, None
     if path.is_dir():
         raise CheckpointError(f"--resume {path} is a folder; pass --output {path} --resume auto, or its last.pt")
     if not path.is_file():
         raise CheckpointError(f"--resume {path}: no such file; pass an existing last.pt, or --resume auto")
-    return path
-
-
-def _read_resume_checkpoint(path: Path, task: type[Task]) -> dict[str, Any]:
-    """A whole training state of ``task``, or a CheckpointError (a weights-only file is pointed to ``--init``)."""
     ckpt = read_checkpoint(path)
     checkpoint_task(ckpt, f"--resume {path}", task)
-    if not is_training_checkpoint(ckpt):
-        raise CheckpointError(
-            f"--resume {path}: the file holds weights only (no optimizer, schedule or step), so no run can "
-            f"continue from it; start a new run from these weights with --init {path}"
-        )
-    return ckpt
+    if not all(key in ckpt for key in TRAINING_STATE_KEYS):
+        raise CheckpointError(f"--resume {path}: the file holds weights only (no optimizer, schedule or step), so no "
+                              f"run can continue from it; start a new run from these weights with --init {path}")
+    return path, ckpt
 
 
 @dataclass
@@ -196,11 +205,9 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
     choice = task.choose_recipe(data, user)
     cfg = resolve_config(config_class, choice.recipe.values, layers)
     cfg.output = cfg.output or _default_output(cfg, task)
-    applied = _applied(choice.recipe.values, layers, cfg)
-    resume_from = _resume_path(cfg)
-    if resume_from is None:
-        return PreparedRun(cfg, choice, applied)
-    ckpt = _read_resume_checkpoint(resume_from, task)
+    resume_from, ckpt = _resume_from(cfg, task)
+    if ckpt is None:
+        return PreparedRun(cfg, choice, _applied(choice.recipe.values, layers, cfg))
     saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k not in NOT_INHERITED}
     # The saved settings over the recipe of the run's data (for settings newer than the checkpoint);
     # a saved mapping (model_kwargs) replaces the recipe's whole, never merged into it.
@@ -208,24 +215,17 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
         recipe_values = task.choose_recipe(user.get("data") or saved.get("data") or data, {**saved, **user}).recipe.values
     except USER_ERRORS:  # the data moved or went: the saved settings are the run's; the data scan says what is wrong
         recipe_values = {}
-    base = {**recipe_values, **saved}
-    cfg = resolve_config(config_class, base, layers)
+    cfg = resolve_config(config_class, {**recipe_values, **saved}, layers)
     cfg.output = cfg.output or _default_output(cfg, task)
     return PreparedRun(cfg, RecipeChoice(RESUMED, f"--resume continues {resume_from}"), {}, resume_from, ckpt)
 
 
-def train(
-    config: TrainConfig | Mapping[str, Any],
-    config_file: Optional[str] = None,
-    stop: Optional[StopFlag] = None,
-    *,
-    task: type[Task] | str,
-) -> TrainResult:
-    """Train a model of ``task`` (a Task subclass or a registered name) as ``config`` says: a mapping of
-    settings, layered over the recipe and ``config_file`` as the ``train`` command layers its flags
-    (:func:`prepare_config`), or a config object of the task's ``config_class``, used as it is. ``stop``,
-    when set (by SIGINT/SIGTERM or the caller), ends the run after the current step with a checkpoint.
-    One process or under torchrun. Returns where the checkpoints are and the best score."""
+def train(config: TrainConfig | Mapping[str, Any], config_file: Optional[str] = None, stop: Optional[StopFlag] = None,
+          *, task: type[Task] | str) -> TrainResult:
+    """Train a model of ``task`` (a Task subclass or registered name) as ``config`` says: a mapping of settings,
+    layered over the recipe and ``config_file`` as the ``train`` command layers its flags (:func:`prepare_config`),
+    or a config object of the task's ``config_class``, used as it is. ``stop`` (set by SIGINT/SIGTERM or the caller)
+    ends the run after the current step with a checkpoint. One process or under torchrun."""
     task = _task_class(task)
     if isinstance(config, TrainConfig):
         if not isinstance(config, task.config_class):
@@ -234,10 +234,8 @@ def train(
         cfg = validate_config(config)
         if cfg.output is None:
             cfg = dataclasses.replace(cfg, output=_default_output(cfg, task))
-        resume_from = _resume_path(cfg)
-        ckpt = _read_resume_checkpoint(resume_from, task) if resume_from is not None else None
         prepared = PreparedRun(cfg, RecipeChoice(GIVEN, "the settings were passed as a config object"), {},
-                               resume_from, ckpt)
+                               *_resume_from(cfg, task))
     else:
         prepared = prepare_config(config, config_file, task=task)
     cfg = prepared.cfg
@@ -272,12 +270,9 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         _setup_determinism(cfg, dist_info)
         data = build_data(cfg, task, dist_info)
         training = build_training(cfg, task, data, dist_info)
-        if ckpt is not None:
-            state = restore(ckpt, str(resume_from), task, training, data, dist_info)
-        else:
-            state = RunState()
-            if cfg.init is not None:
-                init_from_weights(task, training, cfg.init, dist_info)
+        state = restore(ckpt, str(resume_from), task, training, data, dist_info) if ckpt is not None else RunState()
+        if ckpt is None and cfg.init is not None:
+            init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
         training.train_model = torch.compile(training.train_model, dynamic=True)
     if dist_info.distributed:
@@ -290,7 +285,7 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         (output / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         if ckpt is not None:
             truncate_metrics(output / "metrics.jsonl", state.epoch)
-        _announce(cfg, data, training, dist_info, state, resume_from if ckpt is not None else None)
+        _announce(cfg, data, training, dist_info, state, resume_from)
 
     total_steps = cfg.epochs * data.steps_per_epoch
     total_steps = total_steps if cfg.max_steps is None else min(cfg.max_steps, total_steps)
@@ -324,6 +319,28 @@ def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:
         torch.backends.cudnn.benchmark = True
 
 
+def capture_rng() -> dict[str, Any]:
+    """This process's torch, CUDA, NumPy and Python generator states, as tensors and plain values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda,
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": random.getstate()}
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Undo :func:`capture_rng`."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
 def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
     """The task's splits, each process's shard and the loaders; the batch capped at one process's samples."""
     task_data = task.build_data(dist_info)
@@ -339,8 +356,8 @@ def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
     # Private generators: building loader iterators must not draw from the global RNG (exact resume).
     train_loader = DataLoader(task_data.train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
                               generator=torch.Generator(), **loader_args)
-    val_loader = DataLoader(task_data.val_set, batch_size=batch_size, sampler=val_sampler,
-                            generator=torch.Generator(), **loader_args)
+    val_loader = DataLoader(task_data.val_set, batch_size=batch_size, sampler=val_sampler, generator=torch.Generator(),
+                            **loader_args)
     return TrainData(task_data, train_sampler, train_loader, val_loader, batch_size,
                      steps_per_epoch=train_sampler.shard_size // batch_size)
 
@@ -358,14 +375,12 @@ def build_training(cfg: TrainConfig, task: Task, data: TrainData, dist_info: Dis
                                     weight_decay=cfg.weight_decay)
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, min_lr=lrs["min_lr"],
-        decay_milestones=list(cfg.decay_milestones), decay_rate=cfg.decay_rate,
-        warmup_lr=lrs["warmup_lr"], step_on_epochs=False, updates_per_epoch=data.steps_per_epoch,
-    )
-    return Training(
-        model=model, train_model=model, optimizer=optimizer, scheduler=scheduler,
-        scaler=torch.amp.GradScaler(dist_info.device.type, enabled=cfg.amp == "fp16"),
-        ema=ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None, meta=meta, learning_rates=lrs,
-    )
+        decay_milestones=list(cfg.decay_milestones), decay_rate=cfg.decay_rate, warmup_lr=lrs["warmup_lr"],
+        step_on_epochs=False, updates_per_epoch=data.steps_per_epoch)
+    scaler = torch.amp.GradScaler(dist_info.device.type, enabled=cfg.amp == "fp16")
+    ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None
+    return Training(model=model, train_model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, ema=ema,
+                    meta=meta, learning_rates=lrs)
 
 
 def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training, data: TrainData,
@@ -384,7 +399,7 @@ def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training
         training.ema.load_state_dict(ckpt["ema"])
     elif training.ema is not None:
         training.ema.set(training.model)
-    state = RunState.from_checkpoint(ckpt)
+    state = RunState(ckpt["epoch"], ckpt["step_in_epoch"], ckpt["global_step"], **ckpt["progress"])
     rng = ckpt["rng"]
     if len(rng) == dist_info.world_size:
         restore_rng(rng[dist_info.rank])
@@ -392,10 +407,9 @@ def restore(ckpt: Mapping[str, Any], source: str, task: Task, training: Training
         print(f"note: {source} was saved by {len(rng)} process(es), this run has {dist_info.world_size}; "
               f"random streams restart from the seed, so the run will not match an uninterrupted one exactly")
     if state.step_in_epoch > data.steps_per_epoch:
-        raise CheckpointError(
-            f"{source} stopped at step {state.step_in_epoch} of an epoch that now has {data.steps_per_epoch} steps; "
-            f"resume with the batch size and number of processes it was saved with"
-        )
+        raise CheckpointError(f"{source} stopped at step {state.step_in_epoch} of an epoch that now has "
+                              f"{data.steps_per_epoch} steps; resume with the batch size and number of processes it "
+                              f"was saved with")
     return state
 
 
@@ -410,10 +424,9 @@ def init_from_weights(task: Task, training: Training, path: str, dist_info: Dist
 
 def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: DistInfo, state: RunState,
               resumed_from: Optional[Path]) -> None:
-    meta = training.meta
     world_batch = data.batch_size * dist_info.world_size
     n_params = sum(p.numel() for p in training.model.parameters())
-    kwargs = "".join(f"{k}={v} " for k, v in meta["model_kwargs"].items())
+    kwargs = "".join(f"{k}={v} " for k, v in training.meta["model_kwargs"].items())
     size = f"{n_params / 1e6:.2f}M" if n_params >= 100_000 else f"{n_params / 1e3:.1f}k"
     print(f"model {cfg.model} ({kwargs}{size} parameters)")
     print(f"{data.task_data.description}; {dist_info.world_size} process(es) on {dist_info.device.type}, "
@@ -433,10 +446,8 @@ def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: 
 _CONTINUE, _STOP, _DIVERGED = 0, 1, 2
 
 
-def train_one_epoch(
-    cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState, progress: Progress,
-    stop: StopFlag, total_steps: int, dist_info: DistInfo,
-) -> Optional[str]:
+def train_one_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training, state: RunState,
+                    progress: Progress, stop: StopFlag, total_steps: int, dist_info: DistInfo) -> Optional[str]:
     """Optimizer steps until the epoch ends, ``total_steps`` is reached or a stop is asked for; returns the
     signal that stopped the run early, or None. TrainingDivergedError when any rank's loss is not finite."""
     device = dist_info.device
@@ -495,14 +506,13 @@ def _divergence_message(loss_value: float, cfg: TrainConfig, data: TrainData, st
 
 def _checkpoint_state(training: Training, state: RunState, cfg: TrainConfig, dist_info: DistInfo) -> dict[str, Any]:
     rng = all_gather_objects(capture_rng(), dist_info)  # every rank's streams, for exact resume
-    return {
-        "format": CHECKPOINT_FORMAT, "model": training.model.state_dict(),
-        "ema": training.ema.state_dict() if training.ema is not None else None,
-        "optimizer": training.optimizer.state_dict(), "scheduler": training.scheduler.state_dict(),
-        "scaler": training.scaler.state_dict(), "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
-        "global_step": state.global_step, "progress": state.progress(), "rng": rng, "meta": training.meta,
-        "config": cfg.to_dict(),
-    }
+    progress = dataclasses.asdict(state)
+    position = {k: progress.pop(k) for k in ("epoch", "step_in_epoch", "global_step")}
+    return {"format": CHECKPOINT_FORMAT, "model": training.model.state_dict(),
+            "ema": training.ema.state_dict() if training.ema is not None else None,
+            "optimizer": training.optimizer.state_dict(), "scheduler": training.scheduler.state_dict(),
+            "scaler": training.scaler.state_dict(), **position, "progress": progress, "rng": rng,
+            "meta": training.meta, "config": cfg.to_dict()}
 
 
 def _evaluation_record(task: Task, data: TrainData, training: Training, state: RunState, cfg: TrainConfig,
@@ -553,11 +563,9 @@ def end_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Training,
     plot_curves(output / "metrics.jsonl", output / "curves.png", [f"val_{name}" for name in task.curve_metrics])
     metrics = {k[len("val_"):]: v for k, v in record.items() if k.startswith("val_")}
     ema = f" (EMA {task.cli.format_score(record[f'val_{task.best_metric}_ema'])})" if training.ema is not None else ""
-    progress.write(
-        f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, {task.cli.summary(metrics)}"
-        f"{ema}, {record['img_per_s']:.0f} img/s, "
-        f"elapsed {format_duration(time.perf_counter() - progress.run_start)}"
-    )
+    progress.write(f"epoch {finished_epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
+                   f"{task.cli.summary(metrics)}{ema}, {record['img_per_s']:.0f} img/s, "
+                   f"elapsed {format_duration(time.perf_counter() - progress.run_start)}")
 
 
 def finish(task: Task, training: Training, state: RunState, output: Path, stopped_by: Optional[str],

@@ -66,10 +66,7 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """Per-epoch progress: a tqdm bar with ETA on a terminal, a plain line every ``interval`` steps otherwise.
-
-    Silent when ``enabled`` is false (ranks other than 0).
-    """
+    """Per-epoch progress: a tqdm bar on a terminal, else a line every ``interval`` steps; silent unless ``enabled``."""
 
     def __init__(self, enabled: bool, interval: int, total_steps: int, done_steps: int):
         self.enabled = enabled
@@ -82,7 +79,7 @@ class Progress:
 
     def start_epoch(self, epoch: int, epochs: int, steps: int, done: int) -> None:
         if self.tty:
-            self.bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{epochs}", dynamic_ncols=True, leave=True)
+            self.bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{epochs}", dynamic_ncols=True)
         self.epoch, self.epochs, self.steps = epoch, epochs, steps
 
     def step(self, step_in_epoch: int, global_step: int, loss: float, lr: float, img_per_s: float) -> None:
@@ -96,20 +93,15 @@ class Progress:
             elapsed = time.perf_counter() - self.run_start
             rate = (global_step - self.run_start_steps) / max(elapsed, 1e-9)
             eta = (self.total_steps - global_step) / max(rate, 1e-9)
-            print(
-                f"epoch {self.epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} loss {loss:.4f} "
-                f"lr {lr:.2e} {img_per_s:.0f} img/s eta {format_duration(eta)}",
-                flush=True,
-            )
+            print(f"epoch {self.epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} loss {loss:.4f} "
+                  f"lr {lr:.2e} {img_per_s:.0f} img/s eta {format_duration(eta)}", flush=True)
 
     def end_epoch(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
 
-    def close(self) -> None:
-        """Close an open bar: called on every exit path of a run (errors and signals included)."""
-        self.end_epoch()
+    close = end_epoch  # closes an open bar on every exit path of a run (errors and signals included)
 
     def write(self, message: str) -> None:
         """Print a line (above the bar on a terminal)."""

@@ -1,7 +1,6 @@
-"""Writing a command's output without losing a file, one policy for every command that writes: into a
-temporary sibling, renamed into place at the end (a single file: :func:`write_atomic`); never over an
-existing output unasked; with ``--overwrite`` the old output is moved aside (``<name>.previous-<time>``),
-never deleted; and never onto one of the command's inputs."""
+"""One policy for every command that writes: into a temporary sibling renamed into place at the end (one
+file: :func:`write_atomic`); never over an existing output unasked; with ``--overwrite`` the old output moved
+aside (``<name>.previous-<time>``), never deleted; and never onto one of the command's inputs."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import ContextManager
 
 from ..atomic import write_atomic
 from .errors import ConfigError
-from .run_dir import check_writable_file, check_writable_folder
+from .run_dir import check_writable_file, check_writable_folder, unused_path
 
 __all__ = ["check_not_an_input", "check_output", "claim_outputs", "move_aside", "output_file", "output_folder",
            "removed_if_failed", "write_atomic"]
@@ -37,9 +36,7 @@ def check_output(path: Path, overwrite: bool, folder: bool, flag: str = "--out")
 def check_not_an_input(path: Path, inputs: "list[str | os.PathLike | None]", flag: str = "--out") -> None:
     """ConfigError if the output ``path`` is one of ``inputs`` or holds one (a folder around a checkpoint)."""
     target = Path(path).resolve()
-    for given in inputs:
-        if given is None:
-            continue
+    for given in (g for g in inputs if g is not None):
         source = Path(given).resolve()
         if source == target or target in source.parents:
             raise ConfigError(f"{flag} {path} would write over the command's input {given}; pass another {flag}")
@@ -47,18 +44,16 @@ def check_not_an_input(path: Path, inputs: "list[str | os.PathLike | None]", fla
 
 def move_aside(path: Path) -> Path:
     """Rename an existing ``path`` to ``<name>.previous-<time>`` beside it (never deleting it); returns the new name."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = path.with_name(f"{path.name}.previous-{stamp}")
-    suffix = 1
-    while aside.exists():
-        aside = path.with_name(f"{path.name}.previous-{stamp}-{suffix}")
-        suffix += 1
+    aside = unused_path(path.parent, f"{path.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
     os.replace(path, aside)
     return aside
 
 
 @contextmanager
-def _staged(path: Path, overwrite: bool, folder: bool) -> Iterator[Path]:
+def output_file(path: Path, overwrite: bool = False, folder: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (``folder``: a temporary folder); when the block succeeds, it takes
+    the place of ``path``, an old one moved aside (:func:`move_aside`) only then. A file has ``path``'s own name,
+    in a temporary folder: some writers record the name (torch.export's .pt2 archive names its root after it)."""
     path = Path(path)
     check_output(path, overwrite, folder=folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -72,25 +67,16 @@ def _staged(path: Path, overwrite: bool, folder: bool) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def output_file(path: Path, overwrite: bool = False) -> ContextManager[Path]:
-    """Yield a temporary path beside ``path``; when the block succeeds, rename it to ``path`` (an old
-    ``path`` moved aside: :func:`move_aside`). The temporary file has ``path``'s own name, inside a
-    temporary folder: some writers record the name (torch.export's .pt2 archive names its root folder after it)."""
-    return _staged(path, overwrite, folder=False)
-
-
 def output_folder(path: Path, overwrite: bool = False) -> ContextManager[Path]:
-    """Yield a temporary folder beside ``path``; when the block succeeds, it takes the place of ``path``
-    (an old ``path``, only after the new one is complete, is moved aside: :func:`move_aside`)."""
-    return _staged(path, overwrite, folder=True)
+    """:func:`output_file` of a folder."""
+    return output_file(path, overwrite, folder=True)
 
 
 def claim_outputs(paths: Sequence[Path], overwrite: bool, command: str, flag: str = "--out",
                   inputs: "Sequence[str | os.PathLike]" = (), hint: str = "") -> list[Path]:
-    """The output rule for a command that writes named files into a folder, applied before the work: none
-    of ``paths`` is one of ``inputs`` (:func:`check_not_an_input`), and none exists unless ``overwrite``;
-    then those there are moved aside (:func:`move_aside`), never deleted, and their new names returned.
-    Other files in the folder are never touched. ``hint`` ends the refusal's message."""
+    """Before the work of a command that writes named files into a folder: none of ``paths`` is one of ``inputs``,
+    and none exists unless ``overwrite``; those there are moved aside (:func:`move_aside`) and their new names
+    returned. Other files in the folder are never touched. ``hint`` ends the refusal's message."""
     for path in paths:
         check_not_an_input(path, list(inputs), flag)
     taken = [Path(p) for p in paths if Path(p).exists()]

@@ -1,6 +1,5 @@
-"""Tasks by name, as a checkpoint's ``meta["task"]`` names them: the package registers its own by import
-path (:mod:`weightformer.tasks`), a task of yours registers itself. Weights that name no task (the
-authors', timm's, bare state dicts) are the *default* task's."""
+"""Tasks by name, as a checkpoint's ``meta["task"]`` names them (:mod:`weightformer.tasks` registers the
+package's); weights that name no task (the authors', timm's, bare state dicts) are the *default* task's."""
 
 from __future__ import annotations
 
@@ -17,14 +16,11 @@ _DEFAULT: list[str] = []
 
 
 def register_task(task: Union[str, type], name: str | None = None, default: bool = False) -> None:
-    """Make a task known by ``name`` (default: its ``name`` attribute): a Task subclass, or the import
-    path ``"package.module:ClassName"`` of one (imported on first use). ``default``: weights that name no
-    task are this task's. Registering a name again replaces the entry."""
-    if isinstance(task, str):
-        if name is None:
-            raise ValueError("register_task needs the name of a task given as an import path")
-    else:
-        name = name or task.name
+    """Make a task known by ``name`` (default: its ``name``): a Task subclass, or the import path
+    ``"package.module:ClassName"`` of one (imported on first use); ``default``: weights naming no task are its."""
+    if isinstance(task, str) and name is None:
+        raise ValueError("register_task needs the name of a task given as an import path")
+    name = name or task.name
     _TASKS[name] = task
     if default:
         _DEFAULT[:] = [name]

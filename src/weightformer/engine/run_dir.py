@@ -1,10 +1,6 @@
-"""The run folder: checked before any work starts, and never overwritten unasked.
-
-A run folder holds ``config.yaml``, ``metrics.jsonl``, ``last.pt``, ``best.pt`` and ``curves.png``.
-A new run into a folder that already holds one is refused unless it resumes (``--resume``) or
-is told to start anew (``--overwrite``); starting anew moves the old run's files into
-``previous-<time>/`` inside the folder rather than deleting them.
-"""
+"""The run folder (``RUN_FILES``): checked before any work starts; a new run into one that holds a run is
+refused unless it resumes (``--resume``) or starts anew (``--overwrite``), which moves the old run's files
+into ``previous-<time>/`` inside the folder rather than deleting them."""
 
 from __future__ import annotations
 
@@ -14,7 +10,8 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["RUN_FILES", "check_run_folder", "check_writable_file", "check_writable_folder", "start_run_folder"]
+__all__ = ["RUN_FILES", "check_run_folder", "check_writable_file", "check_writable_folder", "start_run_folder",
+           "unused_path"]
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "curves.png")
 
@@ -29,19 +26,25 @@ def check_writable_folder(folder: Path, flag: str) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(
-            f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a folder you can write to"
-        ) from exc
+        raise ConfigError(f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a folder you can write to"
+                          ) from exc
 
 
 def check_writable_file(path: Path, flag: str) -> None:
-    """Check before the work that ``path`` can be written (its folder exists or can be made, it is
-    not a folder), without creating the file itself."""
+    """Before the work: ``path`` can be written (its folder exists or can be made, it is not a folder)."""
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; pass a file path such as {path / 'results.json'}")
     check_writable_folder(path.parent if str(path.parent) else Path("."), f"the folder of {flag}")
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"cannot write to {flag} {path} (permission denied); pass another path")
+
+
+def unused_path(folder: Path, name: str) -> Path:
+    """``folder/name``, or ``folder/name-N`` with the first N not taken."""
+    path, suffix = folder / name, 1
+    while path.exists():
+        path, suffix = folder / f"{name}-{suffix}", suffix + 1
+    return path
 
 
 def _previous_run_files(folder: Path) -> list[Path]:
@@ -53,29 +56,19 @@ def check_run_folder(folder: Path, resuming: bool, overwrite: bool) -> None:
     check_writable_folder(folder, "--output")
     old = _previous_run_files(folder)
     if old and not resuming and not overwrite:
-        names = ", ".join(p.name for p in old)
-        raise ConfigError(
-            f"--output {folder} already holds a run ({names}); continue it with --resume auto, "
-            f"start anew with --overwrite (its files are kept in {folder}/previous-<time>/), "
-            f"or pass another --output"
-        )
+        raise ConfigError(f"--output {folder} already holds a run ({', '.join(p.name for p in old)}); continue it "
+                          f"with --resume auto, start anew with --overwrite (its files are kept in "
+                          f"{folder}/previous-<time>/), or pass another --output")
 
 
 def start_run_folder(folder: Path, resuming: bool, overwrite: bool) -> list[str]:
-    """Make ``folder`` ready for the run's first write and return notes to print.
-
-    Checks it again (:func:`check_run_folder`); with ``overwrite``, moves an old run's files to
-    ``previous-<time>/``; removes the temporary files that a kill during a checkpoint save leaves.
-    """
+    """Make ``folder`` ready for the run's first write (checked again; an old run's files moved to
+    ``previous-<time>/``; the temporary files of a save that was killed removed) and return notes to print."""
     check_run_folder(folder, resuming, overwrite)
     notes = []
     old = _previous_run_files(folder)
     if old and not resuming:
-        backup = folder / time.strftime("previous-%Y%m%d-%H%M%S")
-        suffix = 1
-        while backup.exists():
-            backup = folder / f"{time.strftime('previous-%Y%m%d-%H%M%S')}-{suffix}"
-            suffix += 1
+        backup = unused_path(folder, time.strftime("previous-%Y%m%d-%H%M%S"))
         backup.mkdir()
         for path in old:
             path.rename(backup / path.name)

@@ -1,16 +1,7 @@
-"""What a task is: its settings, recipes, data, model, loss and evaluation, and the model a checkpoint's
-``meta`` describes.
-
-The engine (:mod:`weightformer.engine.loop`) keeps what every run shares, once: loaders, optimizer and
-schedule, AMP, EMA, atomic checkpoints and exact resume, signals, torchrun, metrics and curves, and the
-one weights reader (:func:`weightformer.engine.load_model`). How a task is offered on the command line
-is its :class:`~weightformer.engine.cli.TaskCLI` (``Task.cli``).
-
-A task's randomness must come only from the generators the loop seeds and checkpoints (torch, NumPy,
-Python), or from per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so that a
-resumed run equals an uninterrupted one. This module imports no torch, and a task's module should not
-at its top: ``--help`` reads only the class attributes, the recipes and ``config_class``.
-"""
+"""What a task is (settings, recipes, data, model, loss, evaluation, the model a checkpoint's ``meta`` describes);
+its command line is its :class:`~.cli.TaskCLI`. A task draws randomness only from the generators the loop seeds
+and checkpoints, or per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so a resumed run equals
+an uninterrupted one. No torch at a task module's top: ``--help`` reads only the class and its recipes."""
 
 from __future__ import annotations
 
@@ -47,14 +38,10 @@ class TaskData:
 
 
 class Task(ABC):
-    """One kind of training: what it adds to the shared engine.
-
-    ``name`` is what a checkpoint's ``meta["task"]`` says; ``best_metric`` the entry of :meth:`evaluate`
-    that picks ``best.pt`` (higher is better unless ``higher_is_better`` is False); ``curve_metrics``
-    those plotted in ``curves.png``. A model that wraps a timm backbone names it in ``backbone_path``
-    (``""``: the model is the backbone): ``--init`` from another task's checkpoint then loads only the
-    backbone, and ``layer_decay`` decays its blocks.
-    """
+    """One kind of training. ``name`` is what a checkpoint's ``meta["task"]`` says; ``best_metric`` the entry
+    of :meth:`evaluate` that picks ``best.pt``; ``curve_metrics`` those plotted in ``curves.png``. A model
+    that wraps a timm backbone names it in ``backbone_path`` (``""``: the model is the backbone): ``--init``
+    from another task's checkpoint then loads only the backbone, and ``layer_decay`` decays its blocks."""
 
     name: ClassVar[str]
     config_class: ClassVar[type[TrainConfig]] = TrainConfig
@@ -93,8 +80,7 @@ class Task(ABC):
 
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
-        """A checkpoint of this task written at format ``version`` (older than the current one), with the
-        task's ``meta`` and ``config`` brought to the current format (called by the one upgrade function)."""
+        """A checkpoint of this task of an older format ``version`` with its ``meta`` and ``config`` made current."""
         return checkpoint
 
     @abstractmethod
@@ -103,8 +89,7 @@ class Task(ABC):
 
     @abstractmethod
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-        """The model on ``device``, and the plain-value ``meta`` that rebuilds it (:meth:`model_from_meta`);
-        ``meta["task"]`` must be :attr:`name`."""
+        """The model on ``device`` and the plain-value ``meta`` (``task``: :attr:`name`) that rebuilds it."""
 
     def check_checkpoint(self, saved: Mapping[str, Any], meta: Mapping[str, Any], source: str,
                          resuming: bool = True) -> None:
@@ -116,11 +101,16 @@ class Task(ABC):
         return what was loaded, as a clause of the run's announcement. A checkpoint of this task (or any,
         without a backbone inside the model) fills the whole model, a classifier of another size left as
         initialised; any other fills only the backbone."""
-        from .weights import checkpoint_task, load_backbone_weights, load_weights
+        from .weights import checkpoint_task, load_weights
 
         saved = dict(ckpt.get("meta") or {})
         if self.backbone_path and saved.get("task") != self.name:  # another task's, or a classifier's weights
-            return load_backbone_weights(model, self.backbone_path, self.cfg.model, ckpt, source)
+            if saved.get("model") not in (None, self.cfg.model):
+                raise CheckpointError(f"{source} holds a {saved['model']}, and this run's backbone is "
+                                      f"{self.cfg.model}; pass --model {saved['model']} (with its model kwargs) or "
+                                      f"another checkpoint")
+            load_weights(model.get_submodule(self.backbone_path), ckpt, source=source, ignore_classifier=True)
+            return f"; only its backbone ({self.cfg.model}): the neck and heads start fresh"
         checkpoint_task(ckpt, source, type(self))
         self.check_checkpoint(saved, meta, source, resuming=False)
         fresh = load_weights(model, ckpt, source=source, ignore_classifier=True)

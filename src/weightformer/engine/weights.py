@@ -1,20 +1,13 @@
 """The one way in for weights: :func:`load_model` reads a checkpoint of any format (ours, the authors',
 timm's, safetensors) through :func:`read_checkpoint`, which brings ours to the current format
-(:func:`upgrade_checkpoint`), finds its task from ``meta["task"]`` (none: a classifier's, or the
-expected task's) and checks it with one message, rebuilds the model from the meta and loads the
-weights (:func:`load_weights`). Every command that takes a checkpoint comes through here.
+(:func:`upgrade_checkpoint`), finds its task from ``meta["task"]`` (:func:`checkpoint_task`), rebuilds the
+model from the meta and loads the weights (:func:`load_weights`).
 
-A training checkpoint holds tensors and plain Python values only (``torch.load(weights_only=True)``):
-
-    format                the checkpoint format (:data:`CHECKPOINT_FORMAT`; absent: 0)
-    model, ema            state dicts (ema is None without --ema)
-    optimizer, scheduler, scaler
-    epoch, step_in_epoch, global_step   where the run stands: epoch index, optimizer steps taken
-                                        in it, optimizer steps in total
-    progress              running sums of the current epoch (loss, samples, seconds) and the best result
-    rng                   per-rank generator states (torch, cuda, numpy, python)
-    meta                  what rebuilds the model without flags: task, model name, kwargs, classes, data, ...
-    config                the resolved run settings as a dict
+A training checkpoint holds tensors and plain values only (``torch.load(weights_only=True)``): ``format``
+(:data:`CHECKPOINT_FORMAT`; absent: 0), ``model`` and ``ema`` (None without --ema) state dicts, ``optimizer``,
+``scheduler``, ``scaler``, ``epoch`` (index), ``step_in_epoch`` and ``global_step`` (optimizer steps),
+``progress`` (the epoch's running sums and the best result), ``rng`` (per-rank generator states), ``meta``
+(what rebuilds the model without flags: task, model, kwargs, classes, ...) and ``config`` (the resolved settings).
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import nn
@@ -31,35 +24,18 @@ from torch import nn
 from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_prefixes
 from .registry import default_task, get_task
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "TRAINING_STATE_KEYS",
-    "LoadedModel",
-    "checkpoint_task",
-    "is_training_checkpoint",
-    "load_backbone_weights",
-    "load_model",
-    "load_model_state",
-    "load_weights",
-    "model_state_from",
-    "read_checkpoint",
-    "upgrade_checkpoint",
-    "with_missing",
-]
+__all__ = ["CHECKPOINT_FORMAT", "LoadedModel", "checkpoint_task", "load_model", "load_model_state", "load_weights",
+           "model_state_from", "read_checkpoint", "upgrade_checkpoint", "with_missing"]
 
 CHECKPOINT_FORMAT = 1  # what train writes as checkpoint["format"]; a checkpoint without one is of format 0
-
-# What a checkpoint needs beyond the weights for a run to continue exactly where it stopped.
-TRAINING_STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "step_in_epoch", "global_step", "progress", "rng")
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint without running pickled code (safetensors, or ``torch.load(weights_only=True)``);
     one of ours comes back in the current format (:func:`upgrade_checkpoint`)."""
     if os.path.isdir(path):
-        raise CheckpointError(
-            f"{path} is a folder, not a checkpoint file; pass a file in it such as {os.path.join(path, 'last.pt')}"
-        )
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file; pass a file in it such as "
+                              f"{os.path.join(path, 'last.pt')}")
     obj = load_checkpoint_file(path)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a dict of weights")
@@ -78,10 +54,8 @@ def upgrade_checkpoint(checkpoint: dict[str, Any], source: str) -> dict[str, Any
                               f"up to {CHECKPOINT_FORMAT}; read it with the newer weightformer that wrote it")
     checkpoint = dict(checkpoint)
     if isinstance(checkpoint.get("progress"), Mapping):  # format 0 may name the best score best_<metric>
-        progress = dict(checkpoint["progress"])
-        for key in [k for k in progress if k.startswith("best_") and k not in ("best_score", "best_epoch")]:
-            progress["best_score"] = progress.pop(key)
-        checkpoint["progress"] = progress
+        checkpoint["progress"] = {"best_score" if k.startswith("best_") and k != "best_epoch" else k: v
+                                  for k, v in checkpoint["progress"].items()}
     named = checkpoint["meta"].get("task")
     checkpoint = (get_task(named) if named else default_task()).upgrade_checkpoint(checkpoint, version)
     return {**checkpoint, "format": CHECKPOINT_FORMAT}
@@ -92,11 +66,6 @@ def with_missing(checkpoint: dict[str, Any], meta: Mapping[str, Any], config: Ma
     parts = {"meta": meta, "config": config}
     return {**checkpoint, **{k: {**defaults, **checkpoint[k]} for k, defaults in parts.items()
                              if isinstance(checkpoint.get(k), Mapping)}}
-
-
-def is_training_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
-    """Whether ``checkpoint`` holds a whole training state (``last.pt``), not only weights."""
-    return all(key in checkpoint for key in TRAINING_STATE_KEYS)
 
 
 def model_state_from(checkpoint: Mapping[str, Any], use_ema: Optional[bool] = False,
@@ -129,22 +98,17 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
         return
     pretrained_cfg = getattr(model, "pretrained_cfg", None) or {}
     stem_weight = f"{pretrained_cfg.get('first_conv', 'patch_embed.proj')}.weight"
-    if stem_weight in reshaped and state[stem_weight].dim() == 4 and expected[stem_weight].dim() == 4 \
-            and state[stem_weight].shape[0] == expected[stem_weight].shape[0] \
-            and state[stem_weight].shape[1] != expected[stem_weight].shape[1]:  # (out, in_chans, kh, kw)
-        raise CheckpointError(
-            f"{source} takes {state[stem_weight].shape[1]}-channel images and the model was built for "
-            f"{expected[stem_weight].shape[1]}-channel images (the data's); use data with "
-            f"{state[stem_weight].shape[1]} channel(s)"
-        )
-    classifier = pretrained_cfg.get("classifier", "head")
-    head_weight = f"{classifier}.weight"
-    only_head = all(k.startswith(f"{classifier}.") for k in reshaped)
-    if head_weight in reshaped and only_head and not (missing or unexpected):
-        raise CheckpointError(
-            f"{source} has {state[head_weight].shape[0]} classes, the model has {expected[head_weight].shape[0]}; "
-            f"use a checkpoint trained on this data set, or data with the checkpoint's classes"
-        )
+    if stem_weight in reshaped and state[stem_weight].dim() == expected[stem_weight].dim() == 4:
+        (out, chans), (model_out, model_chans) = state[stem_weight].shape[:2], expected[stem_weight].shape[:2]
+        if out == model_out and chans != model_chans:  # (out, in_chans, kh, kw)
+            raise CheckpointError(f"{source} takes {chans}-channel images and the model was built for {model_chans}-"
+                                  f"channel images (the data's); use data with {chans} channel(s)")
+    head = pretrained_cfg.get("classifier", "head") + "."
+    head_weight = head + "weight"
+    if head_weight in reshaped and not (missing or unexpected) and all(k.startswith(head) for k in reshaped):
+        raise CheckpointError(f"{source} has {state[head_weight].shape[0]} classes, the model has "
+                              f"{expected[head_weight].shape[0]}; use a checkpoint trained on this data set, or data "
+                              f"with the checkpoint's classes")
     details = []
     if reshaped:
         shapes = ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}" for k in reshaped[:3])
@@ -153,56 +117,37 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
         details.append(f"{len(missing)} weight(s) missing from it, e.g. {', '.join(missing[:3])}")
     if unexpected:
         details.append(f"{len(unexpected)} weight(s) the model lacks, e.g. {', '.join(unexpected[:3])}")
-    raise CheckpointError(
-        f"{source} does not fit the model ({model.__class__.__name__}): {'; '.join(details)}. "
-        f"It was saved for another architecture or configuration; pass the matching --model and --model-kwargs"
-    )
-
-
-def _checkpoint_filter_fn(model: nn.Module) -> Optional[Callable[..., dict[str, torch.Tensor]]]:
-    """The ``checkpoint_filter_fn(state_dict, model)`` (timm's: it translates foreign layouts) of the
-    module that defines the model's class, if any."""
-    module = sys.modules.get(type(model).__module__)
-    return getattr(module, "checkpoint_filter_fn", None)
-
-
-def _fits(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> bool:
-    """Whether ``state`` has exactly the keys and shapes of ``expected`` (a model's state dict)."""
-    return expected.keys() == state.keys() and all(tuple(state[k].shape) == tuple(v.shape) for k, v in expected.items())
+    raise CheckpointError(f"{source} does not fit the model ({model.__class__.__name__}): {'; '.join(details)}. "
+                          f"It was saved for another architecture or configuration; pass the matching --model and "
+                          f"--model-kwargs")
 
 
 def _mismatches(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> int:
-    """How many keys of ``state`` are missing, unexpected or of another shape against ``expected``."""
+    """How many keys of ``state`` are missing, unexpected or of another shape against ``expected`` (0: it fits)."""
     shared = expected.keys() & state.keys()
-    return (len(expected.keys() ^ state.keys())
-            + sum(tuple(state[k].shape) != tuple(expected[k].shape) for k in shared))
+    return len(expected.keys() ^ state.keys()) + sum(tuple(state[k].shape) != tuple(expected[k].shape) for k in shared)
 
 
-def load_weights(
-    model: nn.Module,
-    checkpoint: str | os.PathLike | Mapping[str, Any],
-    use_ema: Optional[bool] = False,
-    source: Optional[str] = None,
-    ignore_classifier: bool = False,
-) -> list[str]:
-    """Load weights of any format we know (a path or a read dict: ours, the authors', timm/DeiT, a bare
-    state dict, wrapped by DDP or ``torch.compile`` or not) into ``model``; weights that do not fit as
-    they are go through the model's ``checkpoint_filter_fn``. With ``ignore_classifier``, a classifier of
-    another size is left as initialised. Returns the names of the weights left as initialised; raises
-    :class:`CheckpointError` naming whatever else does not fit."""
+def load_weights(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, Any], use_ema: Optional[bool] = False,
+                 source: Optional[str] = None, ignore_classifier: bool = False) -> list[str]:
+    """Load weights of any format we know (a path or a read dict: ours, the authors', timm/DeiT, a bare state dict,
+    wrapped by DDP or ``torch.compile`` or not) into ``model``, through its ``checkpoint_filter_fn`` if they do not
+    fit as they are. ``ignore_classifier`` leaves a classifier of another size as initialised. Returns the names of
+    the weights left as initialised; raises :class:`CheckpointError` naming whatever else does not fit."""
     source = source or (str(checkpoint) if not isinstance(checkpoint, Mapping) else "checkpoint")
     ckpt = checkpoint if isinstance(checkpoint, Mapping) else read_checkpoint(checkpoint)
     state = strip_wrapper_prefixes(model_state_from(ckpt, use_ema, source=source))
     expected = model.state_dict()
-    filter_fn = _checkpoint_filter_fn(model)
-    if not _fits(expected, state) and filter_fn is not None:
+    # timm's checkpoint_filter_fn(state_dict, model) of the model's module translates foreign layouts
+    filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+    if _mismatches(expected, state) and filter_fn is not None:
         try:
             translated = filter_fn(dict(state), model)
         except (KeyError, ValueError, RuntimeError, AttributeError, IndexError):
             translated = None  # not a layout this filter knows: report the mismatch of the original keys
         # The translated keys when they fit (or a classifier is to be replaced), and for the error report
         # when they are closer: an authors' file one block short then names that block, not every renamed key.
-        if translated is not None and (_fits(expected, translated) or ignore_classifier
+        if translated is not None and (not _mismatches(expected, translated) or ignore_classifier
                                        or _mismatches(expected, translated) < _mismatches(expected, state)):
             state = translated
     kept: list[str] = []
@@ -216,36 +161,15 @@ def load_weights(
     return kept
 
 
-def load_backbone_weights(
-    model: nn.Module, backbone_path: str, model_name: str, checkpoint: Mapping[str, Any], source: str
-) -> str:
-    """Load a classifier's weights (a read checkpoint of any format :func:`load_weights` knows) into the
-    timm backbone ``model_name`` at ``backbone_path`` inside a dense model, its classifier dropped; the
-    rest keeps its initialisation. Returns what was loaded, as a clause of the run's announcement."""
-    meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
-    if meta.get("model") not in (None, model_name):
-        raise CheckpointError(f"{source} holds a {meta['model']}, and this run's backbone is {model_name}; "
-                              f"pass --model {meta['model']} (with its model kwargs) or another checkpoint")
-    load_weights(model.get_submodule(backbone_path), checkpoint, source=source, ignore_classifier=True)
-    return f"; only its backbone ({model_name}): the neck and heads start fresh"
-
-
 @dataclass
 class LoadedModel:
-    """A model rebuilt from a checkpoint, in eval mode: its task, what rebuilds it (``meta``), where it
-    came from, and the checkpoint as read (for its saved config and metrics)."""
+    """A model rebuilt from a checkpoint, in eval mode, with its task, ``meta``, source and the checkpoint as read."""
 
     task: Any  # the Task subclass
     model: nn.Module
     meta: dict[str, Any]
     source: str
     checkpoint: dict[str, Any] = field(default_factory=dict, repr=False)
-
-
-def _file_of(source: str) -> str:
-    """The file a checkpoint's ``source`` names: the path itself, or the path after ``--resume``/``--init``."""
-    flag, _, rest = source.partition(" ")
-    return rest if flag in ("--resume", "--init") and rest else source
 
 
 def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = None) -> Any:
@@ -256,25 +180,20 @@ def checkpoint_task(checkpoint: Mapping[str, Any], source: str, expected: Any = 
         return expected if expected is not None else default_task()
     task = get_task(named)
     if expected is not None and task is not expected and task.name != expected.name:
+        flag, _, path = source.partition(" ")  # source: a path, or "--resume PATH" / "--init PATH"
+        path = path if flag in ("--resume", "--init") and path else source
         raise CheckpointError(f"{source} is a {task.name} checkpoint, not a {expected.name} one; use it with "
-                              f"{task.cli.program} (e.g. {task.cli.next_command(Path(_file_of(source)))})")
+                              f"{task.cli.program} (e.g. {task.cli.next_command(Path(path))})")
     return task
 
 
-def load_model(
-    checkpoint: str | os.PathLike | None = None,
-    task: Any = None,
-    model: Optional[str] = None,
-    model_kwargs: Optional[Mapping[str, Any]] = None,
-    use_ema: Optional[bool] = False,
-    pretrained: bool = False,
-    device: str | torch.device = "cpu",
-) -> LoadedModel:
-    """The model in ``checkpoint`` (any file :func:`read_checkpoint` reads; weights without our ``meta``
-    need ``model``), in eval mode on ``device``: the one reader behind every command. ``task`` (a Task
-    subclass or a registered name) is the task the caller expects; ``model`` names another architecture
-    for the weights; ``model_kwargs`` are laid over the saved ones; ``use_ema`` takes the EMA weights
-    (None: if there are any). No checkpoint, ``model`` and ``pretrained``: timm's pretrained weights."""
+def load_model(checkpoint: str | os.PathLike | None = None, task: Any = None, model: Optional[str] = None,
+               model_kwargs: Optional[Mapping[str, Any]] = None, use_ema: Optional[bool] = False,
+               pretrained: bool = False, device: str | torch.device = "cpu") -> LoadedModel:
+    """The model in ``checkpoint`` (any file :func:`read_checkpoint` reads; weights without our ``meta`` need
+    ``model``), in eval mode on ``device``: the one reader behind every command. ``task`` (a Task subclass or a name)
+    is the task the caller expects; ``model`` names another architecture for the weights; ``model_kwargs`` are laid
+    over the saved ones; ``use_ema`` None: EMA if any. No checkpoint, ``model`` and ``pretrained``: timm's weights."""
     expected = get_task(task) if isinstance(task, str) else task
     model_kwargs = dict(model_kwargs or {})
     if checkpoint is None:
