@@ -15,7 +15,7 @@ _EXPORTS = {
     "USER_ERRORS": "errors", "ConfigError": "errors",
     "Recipe": "recipes", "RecipeChoice": "recipes",
     "get_task": "registry", "register_task": "registry",
-    "Command": "cli", "TaskCLI": "cli", "Task": "task", "TaskData": "task",
+    "Command": "commands", "TaskCLI": "commands", "Task": "task", "TaskData": "task",
     "CHECKPOINT_FORMAT": "weights", "LoadedModel": "weights", "load_model": "weights",
     "load_model_state": "weights", "load_weights": "weights", "read_checkpoint": "weights",
     "PreparedRun": "loop", "StopFlag": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
     from torch.utils.data import DataLoader, Dataset
 
-    from .cli import TaskCLI
+    from .commands import TaskCLI
     from .distributed import DistInfo
 
 __all__ = ["Task", "TaskData"]
