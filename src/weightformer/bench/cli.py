@@ -1,14 +1,8 @@
 """``weightformer bench``: the sweep (no suite named), ``bench dense``, ``bench dit`` and ``bench export``.
 
-Every setting is checked before any measurement, and so is the output folder (the rule of
-:func:`~weightformer.bench.results.claim_out_dir`): a bad one is one ``error:`` line on stderr and exit
-status 2 (the engine's :class:`~weightformer.engine.cli.OneLineParser` and
-:func:`~weightformer.engine.cli.run_reporting_errors`). Numbers are finite and in range; ``--device``
-is the engine's ``pick_device``. The parsers import no torch, so ``--help`` and a bad flag answer at once.
-
-The sweep appends each point to ``points.jsonl`` in its folder as it is measured; ``--resume`` takes
-the points already there. SIGINT and SIGTERM stop it between calls with exit status 130 and 143,
-keeping the points measured so far.
+Every setting (and the output folder) is checked before any measurement; a bad one is one ``error:`` line
+and exit status 2. The parsers import no torch. SIGINT/SIGTERM stop the sweep with status 130/143, its
+points kept in ``points.jsonl`` for ``--resume``.
 """
 
 from __future__ import annotations
@@ -64,18 +58,15 @@ moves them aside (<name>.previous-<time>, never deleted), --resume continues the
 
 # ------------------------------------------------------------------------------------ values and checks
 def strings(text: str) -> List[str]:
-    """The non-empty, stripped parts of a comma-separated list."""
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def check_number(what: str, value: float, minimum: float, inclusive: bool = True) -> None:
-    """ConfigError unless ``value`` is finite and at least (or above) ``minimum``."""
     if not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
         raise ConfigError(f"{what} must be a number {'>=' if inclusive else '>'} {minimum:g}, got {value!r}")
 
 
 def check_choices(what: str, values: Sequence[str], allowed: Sequence[str]) -> None:
-    """ConfigError unless ``values`` is a non-empty selection from ``allowed``."""
     unknown = [v for v in values if v not in allowed]
     if unknown or not values:
         given = ", ".join(map(repr, unknown)) or "(none given)"
@@ -102,7 +93,6 @@ def check_device(device: str) -> str:
 
 
 def _type(parse: Callable[[str], Any], what: str) -> Callable[[str], Any]:
-    """An argparse type: ``parse(text)``, its ValueError turned into argparse's one-line error."""
     def convert(text: str) -> Any:
         try:
             return parse(text)
@@ -121,7 +111,6 @@ def _scalar(text: str, integer: bool) -> float:
 
 
 def number(minimum: float, inclusive: bool = True, integer: bool = False) -> Callable[[str], Any]:
-    """An argparse type: an integer (or a finite float) at least (or above) ``minimum``."""
     def parse(text: str) -> Any:
         value = _scalar(text, integer)
         check_number("the value", value, minimum, inclusive)
@@ -131,7 +120,6 @@ def number(minimum: float, inclusive: bool = True, integer: bool = False) -> Cal
 
 
 def listed(parse: Callable[[str], Any], what: str, check: Callable[[list], None] = lambda v: None) -> Callable:
-    """An argparse type: a comma-separated list of ``parse`` values, non-empty, then ``check``-ed."""
     def parse_all(text: str) -> list:
         values = [parse(part) for part in strings(text)]
         if not values:
@@ -171,7 +159,6 @@ def parse_batches(text: str) -> Tuple[Dict[int, int], int]:
 
 
 def _common(parser: argparse.ArgumentParser, files: Sequence[str], default_out: str, threads: bool = True) -> None:
-    """--device, --threads, --out and --overwrite, as every bench command has them."""
     add = parser.add_argument
     add("--device", default="auto", help=DEVICE_HELP)
     if threads:
@@ -190,7 +177,6 @@ def _list(values: Sequence[Any]) -> str:
 
 # ------------------------------------------------------------------------------------------- the sweep
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The sweep's options, with its description and help layout."""
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     S = argparse.SUPPRESS  # --quick fills in what is not given; config_from_args applies the defaults
@@ -228,7 +214,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> "SweepConfig":
-    """The ``SweepConfig`` that the parsed options describe (``--quick`` applied)."""
     from .sweep import SweepConfig
 
     quick = getattr(args, "quick", False)
@@ -246,8 +231,6 @@ def config_from_args(args: argparse.Namespace) -> "SweepConfig":
 
 
 class Stopped(BaseException):
-    """SIGTERM (or SIGINT) asked the sweep to stop."""
-
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
@@ -257,28 +240,22 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     raise Stopped(signum)
 
 
-def _log(message: str) -> None:
-    print(message, flush=True)
-
-
 def run_sweep(args: argparse.Namespace, command: str) -> int:
-    """Run the sweep the options describe, print its table, write its outputs; the exit status."""
     from . import sweep
+    from .results import claim_out_dir, default_out, log
 
     config = config_from_args(args)
-    out = args.out or Path("benchmarks/results") / config.device.split(":")[0]
-    from .results import claim_out_dir
-
+    out = default_out(args.out, config.device)
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
     journal = Path(out) / JOURNAL_NAME
     hint = f" (--resume: there is no {JOURNAL_NAME} there to resume from)" if args.resume and not journal.exists() else ""
     claim_out_dir(out, (*SWEEP_FILES, JOURNAL_NAME), args.overwrite, "weightformer bench",
-                  keep=args.resume and journal.is_file(), hint=hint, log=_log)
+                  keep=args.resume and journal.is_file(), hint=hint, log=log)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only there can handlers be set
     previous = {signum: signal.signal(signum, _raise_stopped) for signum in EXIT_SIGNALS if in_main_thread}
     try:
-        result = sweep.Sweep(config, log=_log, journal=journal, resume=args.resume, command=command).run()
+        result = sweep.Sweep(config, log=log, journal=journal, resume=args.resume, command=command).run()
     except Stopped as stop:
         print(f"stopped by {stop}; the points measured so far are in {journal}: "
               f"rerun the same command with --resume to finish", file=sys.stderr)
@@ -369,17 +346,15 @@ def export_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUITES: Dict[str, Tuple[str, str, Callable[[], argparse.ArgumentParser]]] = {
+SUITES: Dict[str, Tuple[str, str, Callable[[], argparse.ArgumentParser]]] = {  # name: (module, summary, parser)
     "dense": ("weightformer.bench.dense", "backbone cost at detection/segmentation sizes (GFLOPs, params, memory, "
-                                          "img/s)", dense_parser),
+              "img/s)", dense_parser),
     "dit": ("weightformer.bench.dit", "WeightFormer-DiT against DiT across latent sides (time and memory)", dit_parser),
     "export": ("weightformer.export.bench", "one classifier in eager, torch.compile and onnxruntime (CPU img/s)",
-               export_parser),
-}
+               export_parser)}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``weightformer bench``: a suite named first (:data:`SUITES`), else the sweep."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] in SUITES:
         module, _, make_parser = SUITES[argv[0]]

@@ -1,23 +1,13 @@
-"""``weightformer bench dense``: what a backbone costs at detection and segmentation sizes.
-
-Each dense subject (:mod:`.subjects`: WeightFormer-T/S and DeiT-T/S, DeiT both with global attention in
-every block and in ViTDet's windowed form) behind ViTDet's 256-channel simple feature pyramid, at each
-input size: GMACs and parameters of the trunk alone and with the pyramid, extra peak memory and img/s
-of a forward pass and of a training step (forward and backward of the trunk and pyramid). ViTDet needs
-its windows to afford 1024²; WeightFormer's dynamic blocks are global at linear cost.
-
-- MACs: torch's FlopCounterMode (FLOPs / 2) with attention counted (:mod:`.flops`); detection papers
-  report fvcore's MAC counts as "FLOPs". Norms, activations and softmax are not counted.
-- Sizes are H×W; the pyramid pads sides to a multiple of 32 (800×1333 to 800×1344): that is measured.
-- Memory: the memory probe (:mod:`.memory`). Time: the side-by-side timer, medians over the rounds,
-  batch 1; a model whose first call takes longer than ``--max-call-seconds`` is skipped and marked.
+"""``weightformer bench dense``: each dense subject (WeightFormer-T/S, DeiT-T/S global and ViTDet-windowed) behind
+ViTDet's 256-channel simple feature pyramid at each H×W size (padded to multiples of 32, as measured): GMACs
+(torch's FlopCounterMode / 2, attention included) and parameters of the trunk and with the pyramid, extra
+peak memory and img/s (batch 1, medians) of a forward and of a training step.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .cli import MODES, check_choices, check_device, check_number
@@ -29,7 +19,7 @@ DEFAULT_SIZES = ((800, 1333), (1024, 1024), (512, 512))
 
 @dataclass
 class DenseBenchConfig:
-    """What ``weightformer bench dense`` measures; every setting checked on creation, as the flags are."""
+    """What ``weightformer bench dense`` measures, checked on creation as the flags are."""
 
     models: Sequence[str] = tuple(suite("dense"))
     sizes: Sequence[tuple[int, int]] = DEFAULT_SIZES
@@ -52,8 +42,7 @@ class DenseBenchConfig:
 
 
 def count_macs(model: Any, height: int, width: int) -> dict[str, float]:
-    """GMACs per image of the trunk (``model.backbone``, on the padded image the pyramid gives it) and of
-    the trunk with the pyramid."""
+    """GMACs per image of the trunk (on the padded image the pyramid gives it) and of the trunk with the pyramid."""
     import torch
 
     from .flops import count_flops
@@ -64,7 +53,6 @@ def count_macs(model: Any, height: int, width: int) -> dict[str, float]:
 
 
 def run(config: DenseBenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure every model at every size; the result document (rows plus machine and settings)."""
     from . import memory
     from .results import machine_info
     from .subjects import param_count
@@ -117,8 +105,7 @@ def _number(value: Optional[float], digits: int) -> str:
 
 
 def markdown_table(result: dict[str, Any]) -> str:
-    """One table per size."""
-    from .results import describe
+    from .results import describe, markdown_grid
 
     lines = [f"Backbone + 256-channel simple feature pyramid, batch 1, {describe(result['machine'])}.", ""]
     if result["machine"].get("command"):
@@ -130,26 +117,21 @@ def markdown_table(result: dict[str, Any]) -> str:
         lines += [f"### {height}×{width}" + (f" (padded to {pad[0]}×{pad[1]})" if pad != [height, width] else ""), ""]
         header = ["backbone", "trunk GMACs", "+ pyramid GMACs", "trunk params (M)", "+ pyramid params (M)"]
         header += [f"{mode} {what}" for mode in modes for what in ("img/s", "peak MiB")]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for r in rows:
-            cells = [r["label"], f"{r['trunk_gmacs']:.1f}", f"{r['total_gmacs']:.1f}", f"{r['trunk_params_m']:.2f}",
-                     f"{r['total_params_m']:.2f}"]
-            for mode in modes:
-                cells += [_number(r.get(f"{mode}_img_per_s"), 3), _number(r.get(f"{mode}_peak_mib"), 0)]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += markdown_grid(header, [
+            [r["label"], f"{r['trunk_gmacs']:.1f}", f"{r['total_gmacs']:.1f}", f"{r['trunk_params_m']:.2f}",
+             f"{r['total_params_m']:.2f}", *(_number(r.get(f"{mode}_{what}"), digits) for mode in modes
+                                            for what, digits in (("img_per_s", 3), ("peak_mib", 0)))]
+            for r in rows]) + [""]
     return "\n".join(lines)
 
 
 def run_command(args: Any, command: str) -> int:
-    """``weightformer bench dense`` with parsed ``args``: checks, the output rule, the work, the files."""
     from ..engine.outputs import removed_if_failed
-    from .results import claim_out_dir, write_results
+    from .results import claim_out_dir, default_out, log, write_results
 
     config = DenseBenchConfig(models=args.models, sizes=args.sizes, modes=args.modes, repetitions=args.repetitions,
                               max_call_seconds=args.max_call_seconds, device=args.device, memory=not args.no_memory)
-    out = args.out or Path("benchmarks/results") / config.device.split(":")[0] / "dense"
-    log = lambda message: print(message, flush=True)  # noqa: E731
+    out = default_out(args.out, config.device, "dense")
     with removed_if_failed(out):
         claim_out_dir(out, FILES, args.overwrite, "weightformer bench dense", log=log)
         result = run(config, log=log)

@@ -1,25 +1,13 @@
-"""``weightformer bench dit``: WeightFormer-DiT against DiT with fused attention (F.scaled_dot_product_attention)
-and with explicit attention (softmax(QKᵀ)V, the N×N scores in memory), across latent sides, forward and
-training step (forward+backward): time and extra peak memory.
-
-Times are medians of interleaved repetitions (:mod:`.timing`), after one warm-up call. Memory is the
-memory probe's extra peak of one call (:mod:`.memory`), each model in a fresh process on the CPU.
-
-The per-call budget (``--max-seconds``): before each point, one call's time is predicted from the same
-model's time at the previous side, scaled by the FLOPs (a training step's first prediction: 3× the
-forward at the same side); a point predicted over the budget is skipped, and a model whose warm-up call
-takes longer than the budget stops growing. Explicit attention's scores are predicted too: a forward
-holds two B·H·N² fp32 tensors (the scores and their softmax), a training step one per block for the
-backward plus two in flight. A point predicted to need more than the memory available is reported as
-out of memory, "predicted"; one that runs out of memory when run is "measured".
-
-The anchor is DiG (arXiv 2405.18428): DiG-S/2 2.5× faster than DiT-S/2 with 75.7% less GPU memory at
-1792² px (a latent side of 224).
+"""``weightformer bench dit``: WeightFormer-DiT against DiT with fused and with explicit attention (the N×N scores
+in memory), across latent sides, forward and training step: median seconds of interleaved repetitions and
+the memory probe's extra peak. Before each point one call's time is predicted from the same model's at the
+previous side, scaled by FLOPs (a first training step: 3× the forward); a point over ``--max-seconds`` is
+skipped and its model grows no further. Explicit attention's fp32 scores (two B·H·N² tensors in a forward,
+depth + 2 in a step) over the memory available make a point "out of memory (predicted)".
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import subprocess
 from collections.abc import Callable, Sequence
@@ -42,21 +30,19 @@ GIB = 2**30
 
 
 def subjects(models: Sequence[str], attention: Sequence[str]) -> list[Subject]:
-    """The WeightFormer-DiT ``models[0]`` and the attention DiT ``models[1]`` in each of ``attention``."""
     wf, dit = models
     return [dit_subject(wf), *(dit_subject(dit, kind) for kind in attention)]
 
 
 def _call(subject: Subject, side: int, batch: int, mode: str, device: str,
           model_kwargs: dict[str, Any] | None = None) -> Callable[[], None]:
-    """One forward or one training step of ``subject`` on (batch, 4, side, side) latents."""
     args, target = subject.inputs(batch, side, device)
     model = subject.build(side, device, **(model_kwargs or {}))
     return make_call(subject, model, INFER if mode == "forward" else mode, args, target)
 
 
 def forward_flops(subject: Subject, side: int, batch: int, model_kwargs: dict[str, Any] | None = None) -> int:
-    """FLOPs of one forward, counted on the meta device (no compute, no memory), attention matmuls included."""
+    """FLOPs of one forward, counted on the meta device, attention matmuls included."""
     import torch
 
     from .flops import count_flops
@@ -67,7 +53,7 @@ def forward_flops(subject: Subject, side: int, batch: int, model_kwargs: dict[st
 
 
 def score_bytes(subject: Subject, side: int, batch: int, mode: str, model_kwargs: dict[str, Any] | None = None) -> int:
-    """Bytes of explicit attention's fp32 scores alive at once (see the module docstring); 0 for the others."""
+    """Bytes of explicit attention's fp32 scores alive at once; 0 for the others."""
     if subject.attention != "explicit":
         return 0
     arguments = dit_arguments(subject.options["model"], model_kwargs)
@@ -93,10 +79,9 @@ def benchmark(models: Sequence[str], sides: Sequence[int], batch: int = 1, repea
               max_seconds: float = 200.0, device: str = "cpu", memory: bool = True,
               model_kwargs: dict[str, Any] | None = None, attention: Sequence[str] = ATTENTION,
               on_side: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (side, mode, model) of :func:`subjects` ``(models, attention)``: status (ok, skipped, oom),
-    median seconds per call, extra peak MiB, and the reason of a point not measured. ``model_kwargs``
-    override the variants' arguments (smaller models for tests); ``on_side`` gets the rows so far after
-    each side (to save partial results)."""
+    """One row per (side, mode, model): status (ok, skipped, oom), median seconds per call, extra peak MiB, and
+    why a point was not measured. ``model_kwargs`` override the variants' arguments; ``on_side`` gets the
+    rows so far after each side."""
     from . import memory as probe
 
     flops: dict[tuple[str, int], int] = {}
@@ -142,16 +127,15 @@ def benchmark(models: Sequence[str], sides: Sequence[int], batch: int = 1, repea
                                reason=f"predicted {predicted:.1f} s per call exceeds the {max_seconds:g} s budget")
                     stopped[key] = f"a smaller side was over the {max_seconds:g} s budget"
                 else:
-                    try:
+                    def warm() -> tuple[Callable[[], None], float]:  # the warm-up, and the cut-off test
                         call = _call(subject, side, batch, mode, device, model_kwargs)
-                        first = timing.time_call(call, device)  # the warm-up, and the cut-off test
-                    except (RuntimeError, MemoryError) as error:
-                        if not probe.is_oom(error):
-                            raise
-                        row.update(status=OOM, oom="measured",
-                                   reason=f"out of memory (measured): {probe.first_line(error)}")
+                        return call, timing.time_call(call, device)
+
+                    prepared, oom = probe.guarded(warm, device)
+                    call, first = prepared or (None, 0.0)
+                    if oom is not None:
+                        row.update(status=OOM, oom="measured", reason=f"out of memory (measured): {oom}")
                         stopped[key] = "out of memory at a smaller side"
-                        call = None
                     if call is not None and first > max_seconds:
                         row.update(status=SKIPPED, seconds=first, cut_off=True,
                                    reason=f"one call took {first:.1f} s > the {max_seconds:g} s budget")
@@ -160,10 +144,10 @@ def benchmark(models: Sequence[str], sides: Sequence[int], batch: int = 1, repea
                         calls[subject.name] = call
                     if predicted is not None:
                         row["predicted_seconds"] = predicted
-                    gc.collect()
+                    probe.release("cpu")
             samples = timing.side_by_side(calls, repeats, device)
             calls.clear()
-            gc.collect()
+            probe.release(device)
             for subject in subjects(models, attention):
                 row = side_rows[subject.name]
                 if subject.name in samples:
@@ -171,21 +155,15 @@ def benchmark(models: Sequence[str], sides: Sequence[int], batch: int = 1, repea
                     last[(subject.name, mode)] = (side, row["seconds"])
                     if memory:
                         try:
-                            row.update(probe.measure("dit", subject.name, INFER if mode == "forward" else mode, side,
-                                                     batch, device, timeout_s=4 * max_seconds + 120,
-                                                     **(model_kwargs or {})).as_dict())
-                        except (RuntimeError, MemoryError) as error:
-                            if not probe.is_oom(error):
-                                raise
-                            row["memory_oom"] = f"out of memory (measured): {probe.first_line(error)}"
+                            report, oom = probe.guarded(lambda: probe.measure(
+                                "dit", subject.name, INFER if mode == "forward" else mode, side, batch, device,
+                                timeout_s=4 * max_seconds + 120, **(model_kwargs or {})), device)
+                            row.update(report.as_dict() if oom is None else
+                                       {"memory_oom": f"out of memory (measured): {oom}"})
                         except subprocess.TimeoutExpired as error:
                             row["memory_skipped"] = f"memory worker ran past its {error.timeout:.0f} s timeout"
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            if device.startswith("cuda"):
-                import torch
-
-                torch.cuda.empty_cache()
         if on_side is not None:
             on_side(rows)
     return rows
@@ -215,9 +193,8 @@ def _ratio(numerator: dict[str, Any], denominator: dict[str, Any], key: str) -> 
 
 
 def markdown(document: dict[str, Any]) -> str:
-    """The table of ``document`` (rows, machine, config): one line per side and mode, the WF-DiT against
-    each attention DiT; speed-up is DiT's time over WF-DiT's, memory ratio WF-DiT's extra peak over DiT's."""
-    from .results import provenance
+    """The table of ``document`` (rows, machine, config): one line per side and mode."""
+    from .results import markdown_grid, provenance
 
     config, rows = document["config"], document["rows"]
     wf, dit = config["models"]
@@ -236,8 +213,7 @@ def markdown(document: dict[str, Any]) -> str:
     header = (["side (px)", "tokens", "mode", f"{wf} s"] + [f"{k} s" for k in others]
               + [f"speed-up vs {k}" for k in others] + [f"{wf} MiB"] + [f"{k} MiB" for k in others]
               + [f"memory ratio vs {k}" for k in others])
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    notes = []
+    grid, notes = [], []
     for side in document["sides_done"]:
         for mode in MODES:
             a = index.get((wf, side, mode))
@@ -247,26 +223,26 @@ def markdown(document: dict[str, Any]) -> str:
             cells = ([f"{side} ({side * 8})", str(a["tokens"]), mode, _seconds_cell(a)] + [_seconds_cell(b) for b in bs]
                      + [_ratio(b, a, "seconds") for b in bs] + [_memory_cell(a)] + [_memory_cell(b) for b in bs]
                      + [_ratio(a, b, "extra_mib") for b in bs])
-            lines.append("| " + " | ".join(cells) + " |")
+            grid.append(cells)
             for r in (a, *bs):
                 for key in ("reason", "memory_oom", "memory_skipped"):
                     if key in r and not r[key].startswith("a smaller side"):  # said once, at the side that stopped it
                         notes.append(f"- {r['model']}, {mode}, side {side}: {r[key]}")
+    lines += markdown_grid(header, grid)
     if notes:
         lines += ["", "Points not measured, and why:", "", *notes]
     return "\n".join(lines) + "\n"
 
 
 def run_command(args: Any, command: str) -> int:
-    """``weightformer bench dit`` with parsed ``args``: checks, the output rule, the work (the files
-    written after every side, so a long run keeps what it measured)."""
+    """``weightformer bench dit``; the files are written after every side, so a long run keeps what it measured."""
     import torch
 
     from ..engine.errors import ConfigError
     from ..engine.outputs import removed_if_failed
     from ..generation.variants import DIT_VARIANTS
     from .cli import check_device
-    from .results import claim_out_dir, machine_info, write_results
+    from .results import claim_out_dir, default_out, log, machine_info, write_results
 
     unknown = [m for m in args.models if m not in DIT_VARIANTS]
     if unknown:
@@ -284,7 +260,7 @@ def run_command(args: Any, command: str) -> int:
     args.device = check_device(args.device)  # one line for cuda without a GPU, as every bench command
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out or Path("benchmarks/results") / args.device.split(":")[0] / "dit")
+    out = default_out(args.out, args.device, "dit")
     machine = machine_info(args.device, command)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
@@ -294,7 +270,7 @@ def run_command(args: Any, command: str) -> int:
         write_results(out, dict(zip(FILES, (document, markdown(document)))))
 
     with removed_if_failed(out):
-        claim_out_dir(out, FILES, args.overwrite, "weightformer bench dit", log=lambda m: print(m, flush=True))
+        claim_out_dir(out, FILES, args.overwrite, "weightformer bench dit", log=log)
         benchmark(args.models, sorted(set(args.sides)), args.batch, args.repeats, args.max_seconds, args.device,
                   not args.no_memory, attention=list(dict.fromkeys(args.attention)), on_side=save)
     print(f"wrote {out / FILES[0]} and {out / FILES[1]}")

@@ -6,11 +6,9 @@ from typing import Any, Dict
 
 
 def count_flops(model: Any, *args: Any, modules: Any = None) -> "FlopCount":
-    """FLOPs of one call ``model(*args)`` in inference mode, per batch, as torch's FlopCounterMode counts
-    them (one multiply-add is 2 FLOPs), with every timm attention module switched to explicit matmuls while
-    counting so that its QKᵀ and AV are counted too (the counter misses fused CPU attention). Norms,
-    activations and softmax are not counted. Works on the ``meta`` device (no memory, no arithmetic).
-    ``modules``: the module whose attention is switched, where ``model`` is a function (default: ``model``)."""
+    """FLOPs of one call ``model(*args)`` in inference mode, per batch (FlopCounterMode: a multiply-add is 2), timm
+    attention switched to explicit matmuls meanwhile so QKᵀ and AV count; norms, activations and softmax do not.
+    Works on the meta device. ``modules``: whose attention is switched where ``model`` is a function."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

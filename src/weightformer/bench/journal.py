@@ -1,10 +1,6 @@
-"""The sweep's journal, ``points.jsonl``: each point appended (one write, flushed) as soon as it is measured,
-so a killed sweep keeps its points and ``weightformer bench --resume`` measures only the rest.
-
-The first line holds the settings every point depends on beyond its key (device, dtype, timing, threads,
-machine, library versions): resuming with other settings is refused. Each further line is one point, its
-key (model, resolution, batch, measurement) and what was measured. A kill mid-write leaves at most a
-partial last line, which reading drops (and cuts from the file), so that point is measured again.
+"""The sweep's journal, ``points.jsonl``: a header line with the settings every point depends on (resuming with
+others is refused), then one line per point, appended and flushed as it is measured. A line cut short by
+a kill is dropped on reading (and cut from the file), so that point is measured again.
 """
 
 import json
@@ -35,7 +31,7 @@ def _differences(old: Dict[str, Any], new: Dict[str, Any], prefix: str = "") -> 
 
 
 class Journal:
-    """Append-only record of a sweep's points; ``entries`` maps each point's key to what was recorded."""
+    """Append-only record of a sweep's points; ``entries``: key -> record."""
 
     def __init__(self, path: Path, settings: Dict[str, Any], resume: bool = False):
         self.path = Path(path)
@@ -85,11 +81,9 @@ class Journal:
             )
 
     def get(self, key: Key) -> Optional[Dict[str, Any]]:
-        """What was recorded for ``key``, or None if it is still to be measured."""
         return self.entries.get(key)
 
     def append(self, key: Key, record: Dict[str, Any]) -> None:
-        """Record one point: one line, one write, flushed to disk before returning."""
         entry = {"key": list(key), **record}
         line = (json.dumps(entry) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)

@@ -1,18 +1,9 @@
-"""The memory probe: the extra peak memory of one call of a subject (:mod:`.subjects`) over a warmed-up process.
+"""The memory probe: the extra peak memory of one call of a subject over a warmed-up process.
 
-On CUDA: ``torch.cuda.max_memory_allocated`` during the call minus ``memory_allocated`` before it, in
-this process (:func:`cuda_peak`, also used by benchmarks/gpu.py), after a warm-up call at the
-subject's small warm-up size.
-
-On CPU: the peak resident set, in a fresh subprocess per point so that earlier points' allocations
-cannot hide this one's. The worker builds the subject (and a cls step's AdamW), runs the warm-up call
-(kernels, AdamW's state), frees the gradients, reads its resident set (the baseline), resets the
-high-water mark (``/proc/self/clear_refs``) and runs one call: ``peak`` is VmHWM, ``extra`` peak minus
-baseline (activations, gradients, temporaries). glibc's mmap threshold is pinned at 128 KiB, so that
-freed tensors go back to the system and the resident set tracks live memory.
-
-Running out of memory is a measured outcome: it raises :class:`OutOfMemory` (or torch's own error),
-which :func:`is_oom` recognises, and the benchmark records the point as out of memory and goes on.
+CUDA: ``max_memory_allocated`` during the call minus ``memory_allocated`` before it, after a warm-up call.
+CPU: in a fresh subprocess per point (glibc's mmap threshold at 128 KiB, so freed tensors leave the resident
+set), VmHWM after ``clear_refs`` minus the resident set after the warm-up call. Running out of memory is a
+measured outcome (:class:`OutOfMemory`, or torch's own error, both recognised by :func:`is_oom`).
 """
 
 from __future__ import annotations
@@ -52,9 +43,30 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def release(device: str) -> None:
+    """Collect garbage (and empty CUDA's cache)."""
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def guarded(fn: Callable[[], Any], device: str = "cpu") -> Tuple[Any, Optional[str]]:
+    """``(fn(), None)``, or ``(None, the error's first line)`` when it ran out of memory (memory then released)."""
+    try:
+        return fn(), None
+    except (RuntimeError, MemoryError) as error:
+        if not is_oom(error):
+            raise
+        reason = first_line(error)
+    release(device)  # outside the handler, so that the error's frames no longer hold tensors
+    return None, reason
+
+
 @dataclass
 class MemoryReport:
-    """Peak memory of one call, in MiB: the peak, the baseline before the call, the difference, and how."""
+    """Peak memory of one call in MiB: the peak, the baseline before the call, the difference, and how."""
 
     peak_mib: float
     baseline_mib: float
@@ -84,8 +96,7 @@ def _reset_peak_rss() -> bool:
 
 
 def cuda_peak(call: Callable[[], Any], device: str) -> Tuple[int, int]:
-    """(baseline, peak) allocated CUDA bytes around ``call()``: the peak counts only what ``call`` adds on top.
-    Frees collectable memory first, so that garbage of earlier calls is neither baseline nor peak."""
+    """(baseline, peak) allocated CUDA bytes around ``call()``, garbage of earlier calls collected first."""
     import torch
 
     from .timing import synchronize
@@ -101,7 +112,7 @@ def cuda_peak(call: Callable[[], Any], device: str) -> Tuple[int, int]:
 
 
 def _warm_and_measured(spec: Dict[str, Any], device: str) -> Tuple[Callable[[], None], Callable[[], None]]:
-    """The warm-up call (then the gradients freed) and the measured call of one point, on one model."""
+    """The warm-up call (gradients freed after it) and the measured call of one point, on one model."""
     import torch
 
     subject = get_subject(spec["suite"], spec["name"])
@@ -136,7 +147,6 @@ def _measure_cpu_here(spec: Dict[str, Any]) -> MemoryReport:
 
 
 def measure_cpu(spec: Dict[str, Any], timeout_s: Optional[float] = None) -> MemoryReport:
-    """Peak RSS of one call, in a fresh Python subprocess (see the module docstring)."""
     import torch
 
     spec = {"threads": torch.get_num_threads(), **spec}
@@ -156,9 +166,8 @@ def measure_cpu(spec: Dict[str, Any], timeout_s: Optional[float] = None) -> Memo
 
 def measure(suite: str, name: str, mode: str, size: Any, batch: int, device: str = "cpu", dtype: str = "float32",
             timeout_s: Optional[float] = None, **build: Any) -> MemoryReport:
-    """Extra peak memory of one ``mode`` call ("infer" or "train") of subject ``name`` of ``suite`` at
-    ``size`` and ``batch``: the CUDA allocator on a GPU, a fresh subprocess's RSS on the CPU. ``build``
-    goes to the subject's builder (a dit's model overrides)."""
+    """Extra peak memory of one ``mode`` call ("infer" or "train") of subject ``name`` of ``suite``; ``build``
+    goes to the subject's builder."""
     if mode not in ("infer", "train"):
         raise ValueError(f"mode must be 'infer' or 'train', got {mode!r}")
     spec = {"suite": suite, "name": name, "mode": mode, "size": size, "batch": batch, "dtype": dtype, "build": build}

@@ -1,8 +1,6 @@
-"""The results writer of every benchmark: the machine description each file carries, the output-folder
-rule, and the files (JSON, Markdown, CSV or a plot), each written atomically (a kill mid-write leaves the
-previous file). The rule (:func:`claim_out_dir`, the engine's ``claim_outputs``): an ``--out`` holding one
-of a command's files is refused before the work unless ``--overwrite``, which moves them aside
-(``<name>.previous-<time>``), never deleting them; other files in the folder are never touched.
+"""The results writer of every benchmark: the machine each file names, the output-folder rule and the files.
+An ``--out`` holding one of a command's files is refused before the work unless ``--overwrite``, which moves
+them aside (``<name>.previous-<time>``); each file is written atomically.
 """
 
 from __future__ import annotations
@@ -17,14 +15,25 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..engine.errors import ConfigError
-from ..engine.outputs import claim_outputs
+from ..engine.outputs import claim_outputs, write_atomic
 from ..engine.run_dir import check_writable_file, check_writable_folder
-from ..engine.outputs import write_atomic
 
 
-# ----------------------------------------------------------------------------------------- the machine
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def default_out(out: Optional[Path], device: str, suite: str = "") -> Path:
+    """``out``, else ``benchmarks/results/<device type>/<suite>``."""
+    return Path(out or Path("benchmarks/results") / device.split(":")[0] / suite)
+
+
+def markdown_grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    """The lines of a Markdown table."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, or ``platform.processor()`` where that file is absent."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -36,8 +45,7 @@ def cpu_model() -> str:
 
 
 def command_line(argv: Optional[Sequence[str]] = None) -> str:
-    """The command that runs this process, as one shell line: ``argv`` (default ``sys.argv``) with the
-    program named by its file name, or ``python -m MODULE`` for a module run with ``-m``."""
+    """``argv`` (default: this process's, ``python -m MODULE`` for a module run with ``-m``) as one shell line."""
     if argv is None:
         argv = list(sys.argv)
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)
@@ -47,9 +55,8 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
 
 
 def machine_info(device: str = "cpu", command: Optional[str] = None) -> Dict[str, Any]:
-    """CPU model, core counts, torch and timm versions, threads, GPU (if used), the date, the load average
-    now and ``command`` (default: this process's :func:`command_line`). Call it when the benchmark starts:
-    the load average is the one the measurements began under."""
+    """CPU, cores, versions, threads, GPU, date, load average now and ``command`` (default: :func:`command_line`).
+    Called when a benchmark starts, so the load average is the one its measurements began under."""
     import timm
     import torch
 
@@ -73,7 +80,6 @@ def machine_info(device: str = "cpu", command: Optional[str] = None) -> Dict[str
 
 
 def describe(info: Dict[str, Any]) -> str:
-    """One line naming the machine, its threads, the load average at the start and the date."""
     where = info["gpu"] or f"{info['cpu']}, {info['cpu_affinity'] or info['cpu_count']} cores"
     load = info.get("load_average")
     load_text = "load average at start " + " ".join(f"{v:g}" for v in load) if load else "load average not recorded"
@@ -81,14 +87,11 @@ def describe(info: Dict[str, Any]) -> str:
 
 
 def provenance(info: Dict[str, Any]) -> str:
-    """Markdown lines for a table's header: the machine (:func:`describe`) and the command that made it."""
     command = info.get("command")
     return f"Machine: {describe(info)}.\n\nCommand: `{command}`." if command else f"Machine: {describe(info)}."
 
 
-# ---------------------------------------------------------------------------------------- the folder
 def check_out_dir(out_dir: Path, names: Sequence[str], flag: str = "--out") -> None:
-    """Make ``out_dir`` and check that files ``names`` can be written there; ConfigError if not."""
     out_dir = Path(out_dir)
     for parent in (out_dir, *out_dir.parents):
         if parent.exists() and not parent.is_dir():
@@ -100,9 +103,7 @@ def check_out_dir(out_dir: Path, names: Sequence[str], flag: str = "--out") -> N
 
 def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command: str, keep: bool = False,
                   hint: str = "", log: Callable[[str], None] = print) -> List[Path]:
-    """The output rule (module docstring), applied before the work. ``keep`` (the sweep's ``--resume``
-    with its journal there) leaves the files in place, to be continued; ``hint`` ends the refusal.
-    Returns the new names of the files moved aside."""
+    """The output rule, before the work; ``keep`` (``--resume``) leaves the files in place; the files moved aside."""
     out_dir = Path(out_dir)
     check_out_dir(out_dir, names)
     if keep:
@@ -113,13 +114,11 @@ def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command:
     return moved
 
 
-# ----------------------------------------------------------------------------------------- the files
 Content = Union[str, bytes, Dict[str, Any], Callable[[], bytes]]
 
 
 def write_results(out_dir: Path, files: Mapping[str, Content]) -> List[Path]:
-    """Write each of ``files`` (name -> a result document, written as indented JSON; Markdown or CSV text;
-    bytes; or a callable returning bytes, e.g. a plot) into ``out_dir``, atomically. Returns the paths."""
+    """Write ``files`` (name -> a dict as indented JSON, text, bytes, or a callable giving bytes) atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

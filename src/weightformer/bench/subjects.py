@@ -1,11 +1,7 @@
-"""What the benchmarks measure: one list of subjects, :data:`SUBJECTS`, each a name, a builder and its inputs.
-
-A subject belongs to a suite: ``cls`` (classifiers, the sweep), ``dense`` (a backbone behind ViTDet's
-256-channel simple feature pyramid), ``dit`` (WF-DiT and DiT with fused or explicit attention) or
-``export`` (one classifier in three runtimes). Adding a benchmarked model is one entry in the list,
-which needs no torch (``--help`` lists it). A suite's ``size`` is an image side (cls), a (height, width)
-pair (dense) or a latent side (dit). :func:`make_call` gives what is timed and probed: one inference
-call, or one training step (forward, loss, backward, and an AdamW step for cls).
+"""What the benchmarks measure: one list of subjects, :data:`SUBJECTS` (name, builder, inputs), by suite: ``cls``
+(the sweep; size: an image side), ``dense`` (a backbone behind ViTDet's simple feature pyramid; (H, W)),
+``dit`` (WF-DiT and DiT with fused or explicit attention; a latent side) and ``export`` (three runtimes).
+Adding a benchmarked model is one entry; the list needs no torch.
 """
 
 from __future__ import annotations
@@ -44,7 +40,6 @@ class Subject:
 
 # ------------------------------------------------------------------------------------------------- cls
 def _images(batch: int, size: Any, device: str) -> tuple:
-    """A random image batch (B, 3, H, W) and random labels (B,), seeded."""
     import torch
 
     height, width = (size, size) if isinstance(size, int) else size
@@ -60,8 +55,7 @@ def _cross_entropy(output: Any, labels: Any) -> Any:
 
 
 def set_fused_attention(model: Any, fused: bool) -> None:
-    """Switch every timm attention module of ``model`` to fused (``F.scaled_dot_product_attention``) or
-    explicit (softmax(QKᵀ)V) attention."""
+    """Switch every timm attention module of ``model`` to fused (SDPA) or explicit (softmax(QKᵀ)V) attention."""
     for module in model.modules():
         if hasattr(module, "fused_attn"):
             module.fused_attn = fused
@@ -104,7 +98,7 @@ def _classifiers(size: str, wf: str, deit: str) -> list[Subject]:
 
 # ----------------------------------------------------------------------------------------------- dense
 def padded(height: int, width: int) -> tuple[int, int]:
-    """The size the pyramid pads an image to: sides to a multiple of 32, as torchvision's detector transform."""
+    """The size the pyramid pads an image to: sides to a multiple of 32."""
     return math.ceil(height / 32) * 32, math.ceil(width / 32) * 32
 
 
@@ -180,8 +174,7 @@ def dit_subject(model: str, attention: Optional[str] = None) -> Subject:
 
 # ---------------------------------------------------------------------------------------------- export
 def _runtime(name: str) -> Callable[..., Any]:
-    """A runner of the eager classifier ``model``: itself, ``torch.compile(dynamic=True)``, or onnxruntime
-    on a dynamic-size ONNX export of it (written into ``folder``)."""
+    """A runner of ``model``: itself, ``torch.compile(dynamic=True)``, or onnxruntime on its ONNX export in ``folder``."""
     def build(model: Any, folder: Any = None, threads: int = 1) -> Callable[[Any], Any]:
         if name == "eager":
             return model
@@ -220,13 +213,11 @@ SUBJECTS: list[Subject] = [
 
 
 def suite(name: str) -> dict[str, Subject]:
-    """The subjects of suite ``name``, by name."""
     return {s.name: s for s in SUBJECTS if s.suite == name}
 
 
 def get_subject(suite_name: str, name: str) -> Subject:
-    """A subject by suite and name (a dit name is any ``DIT_VARIANTS`` key, with `` fused`` or `` explicit``
-    for an attention DiT); ``ValueError`` naming the choices."""
+    """A subject by suite and name (dit: any ``DIT_VARIANTS`` key, `` fused`` or `` explicit`` for attention)."""
     subjects = suite(suite_name)
     if name in subjects:
         return subjects[name]
@@ -272,7 +263,6 @@ def make_call(subject: Subject, model: Any, mode: str, args: tuple, target: Any 
 
 def prepare(subject: Subject, mode: str, size: Any, batch: int, device: str, dtype: Any = None,
             model: Any = None, **build_kwargs: Any) -> Callable[[], None]:
-    """:func:`make_call` on a freshly built ``subject`` (or ``model``) and fresh inputs."""
     if model is None:
         model = subject.build(size, device, **build_kwargs)
     args, target = subject.inputs(batch, size, device)
@@ -280,5 +270,4 @@ def prepare(subject: Subject, mode: str, size: Any, batch: int, device: str, dty
 
 
 def param_count(model: Any) -> int:
-    """Number of parameters (each counted once)."""
     return sum(p.numel() for p in model.parameters())

@@ -1,24 +1,18 @@
-"""The classification sweep: every cls subject at every resolution, timed side by side, reported as
-medians and ratios against the DeiT of the same size, with FLOPs, parameters and extra peak memory.
-
-At each (resolution, mode) point the models are built and timed in interleaved rounds (:mod:`.timing`).
-A point is skipped (and recorded with the reason) when it is predicted to exceed the per-call time
-budget, from the FLOPs of the new point and the rate the same model reached at the previous
-resolution, or when it runs out of memory (status "oom": a measured outcome, the sweep goes on).
-With a journal (``points.jsonl``, :mod:`.journal`) every point is appended as soon as it is measured,
-and a resumed sweep takes the points already there instead of measuring them again.
+"""The classification sweep: every cls subject at every resolution, timed side by side, with medians and ratios
+against the DeiT of the same size, FLOPs, parameters and extra peak memory. A point predicted over the per-call
+budget (its FLOPs over the model's last FLOP rate) is skipped; one out of memory is recorded as "oom". Each point
+goes to the journal (``points.jsonl``) as it is measured; a resumed sweep takes the points already there.
 """
 
 from __future__ import annotations
 
 import csv
-import gc
 import io
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,7 +21,7 @@ from .cli import (DTYPES, MEASUREMENTS, MODES, PATCH, SWEEP_FILES, check_choices
                   check_number, check_resolution)
 from .flops import count_flops
 from .journal import Journal, Key
-from .memory import first_line, is_oom
+from .memory import guarded, release
 from .results import describe, machine_info, provenance, write_results
 from .subjects import INFER, TRAIN, Subject, get_subject, param_count, prepare
 from .timing import iterations_for, median, side_by_side, time_call
@@ -51,10 +45,8 @@ CSV_COLUMNS = ["model", "label", "resolution", "tokens", "batch", "measurement",
 
 @dataclass
 class SweepConfig:
-    """What to measure; every setting checked on creation (a ConfigError naming the allowed values).
-    ``None`` for the train/memory resolutions means every resolution. Memory is measured for each of
-    ``memory_modes`` where that mode is timed (every resolution for inference, ``train_resolutions`` for
-    training), restricted to ``memory_resolutions``."""
+    """What to measure, checked on creation. ``None`` train/memory resolutions: every resolution. Memory is
+    measured for each of ``memory_modes`` where that mode is timed, restricted to ``memory_resolutions``."""
 
     models: List[str]
     resolutions: List[int]
@@ -94,7 +86,6 @@ class SweepConfig:
         return self.batch_sizes.get(resolution, self.default_batch)
 
     def measures(self, measurement: str, mode: str, resolution: int) -> bool:
-        """Whether the sweep measures ``measurement`` ("infer", "train" or "memory") of ``mode`` at ``resolution``."""
         train_resolutions = self.resolutions if self.train_resolutions is None else self.train_resolutions
         timed = mode == INFER or resolution in train_resolutions
         if measurement == "memory":
@@ -103,18 +94,12 @@ class SweepConfig:
         return measurement in self.measurements and timed
 
     def settings(self) -> Dict[str, Any]:
-        """What every point depends on beyond its key: a journal measured otherwise is not resumed from."""
+        """What every point depends on beyond its key (a journal measured otherwise is not resumed)."""
         info = machine_info(self.device)
         return {"device": self.device, "dtype": self.dtype, "repetitions": self.repetitions,
                 "min_rep_seconds": self.min_rep_seconds, "max_call_seconds": self.max_call_seconds,
                 "threads": torch.get_num_threads(),
                 "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")}}
-
-
-def _release(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
 
 
 def _row(subject: Subject, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
@@ -127,17 +112,13 @@ def _row(subject: Subject, resolution: int, batch: int, measurement: str, **fiel
 
 
 def planned_flops(subject: Subject, resolution: int) -> int:
-    """Per-image FLOPs of ``subject`` at ``resolution``, counted on the meta device (no compute, no memory)."""
+    """Per-image FLOPs of ``subject`` at ``resolution``, counted on the meta device."""
     return count_flops(subject.build(resolution, "meta"), torch.empty(1, 3, resolution, resolution, device="meta")).flops
 
 
-T = TypeVar("T")
-
-
 class Sweep:
-    """Runs a ``SweepConfig``; ``run`` returns the whole result document. With ``journal`` (a
-    ``points.jsonl`` path) each point is appended there as it is measured; with ``resume`` as well, the
-    points already in it are taken from it instead of being measured again."""
+    """Runs a ``SweepConfig``; ``run`` returns the result document. Each point is appended to ``journal``
+    (a ``points.jsonl`` path) as it is measured; with ``resume``, the points already there are reused."""
 
     def __init__(self, config: SweepConfig, log: Callable[[str], None] = print, journal: Optional[Path] = None,
                  resume: bool = False, command: Optional[str] = None):
@@ -149,10 +130,9 @@ class Sweep:
         self.measured = self.reused = 0  # points measured by this run / taken from the journal
         self.rates: Dict[Tuple[str, str], float] = {}  # (model, mode) -> FLOP/s at the last measured point
 
-    # planning ------------------------------------------------------------------------------------
     def _over_budget(self, subject: Subject, mode: str, flops_per_call: float, budget: float) -> Optional[str]:
-        """Why a call of ``flops_per_call`` is predicted over ``budget``, from the FLOP rate the model reached
-        last (else its inference rate; checkpointed variants: that of the plain variant); None if it is not."""
+        """Why a call of ``flops_per_call`` is predicted over ``budget`` from the model's last FLOP rate (else
+        the inference rate of it or its plain variant); None if it is not."""
         rate, factor = self.rates.get((subject.name, mode)), 1.0
         if rate is None:
             rate = self.rates.get((subject.name.removesuffix("-ckpt"), INFER))
@@ -162,7 +142,6 @@ class Sweep:
             return f"predicted {predicted:.1f} s per call exceeds the {budget:g} s budget"
         return None
 
-    # recording: every point goes to the rows (or FLOP table) and, at once, to the journal ----------
     def _save(self, key: Key, record: Dict[str, Any]) -> None:
         self.measured += 1
         if self.journal is not None:
@@ -180,7 +159,6 @@ class Sweep:
         self._record(_row(subject, resolution, batch, measurement, status=status, reason=reason))
 
     def _reuse(self, subject: Subject, resolution: int, batch: int, measurement: str) -> bool:
-        """Take the point from the journal if it is there; True if it was."""
         entry = self.journal.get((subject.name, resolution, batch, measurement)) if self.journal else None
         if entry is None:
             return False
@@ -194,20 +172,11 @@ class Sweep:
         self.reused += 1
         return True
 
-    def _guarded(self, fn: Callable[[], T]) -> Tuple[Optional[T], Optional[str]]:
-        """``(fn(), None)``, or ``(None, reason)`` when it ran out of memory; any other error propagates."""
-        try:
-            return fn(), None
-        except (RuntimeError, MemoryError) as error:
-            if not is_oom(error):
-                raise
-            reason = f"out of memory: {first_line(error)}"
-        _release(self.config.device)  # outside the handler, so that the error's frames no longer hold tensors
-        return None, reason
+    def _guarded(self, fn: Callable[[], Any]) -> Tuple[Any, Optional[str]]:
+        value, oom = guarded(fn, self.config.device)
+        return value, oom and f"out of memory: {oom}"
 
-    # measurement ---------------------------------------------------------------------------------
     def _prepare_call(self, subject: Subject, resolution: int, batch: int, mode: str) -> Tuple[Callable, float]:
-        """The point's callable (model and batch built) and the seconds of its warm-up call."""
         cfg = self.config
         fn = prepare(subject, mode, resolution, batch, cfg.device, getattr(torch, cfg.dtype))
         return fn, time_call(fn, cfg.device)
@@ -245,7 +214,7 @@ class Sweep:
                        seconds_per_call=seconds, samples_s=samples[subject.name], iterations=iterations[subject.name])
             self._record(row, rate=(mode, plan[subject.name] * batch / seconds))
         calls.clear()
-        _release(cfg.device)
+        release(cfg.device)
 
     def _count(self, subject: Subject, resolution: int, where: str) -> Dict[str, Any]:
         model = subject.build(resolution, where)
@@ -265,7 +234,7 @@ class Sweep:
                 entry = self._count(subject, resolution, "meta")
             self.flops.append(entry)
             self._save((subject.name, resolution, 1, "flops"), {"flops": entry})
-            _release(cfg.device)
+            release(cfg.device)
 
     def _memory_point(self, resolution: int, mode: str, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
         cfg = self.config
@@ -290,11 +259,9 @@ class Sweep:
             self._record(_row(subject, resolution, batch, measurement, value=report.extra_mib, unit="MiB",
                               peak_mib=report.peak_mib, baseline_mib=report.baseline_mib, method=report.method))
 
-    # the sweep -----------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
-        """Measure everything in the config; return {machine, config, rows, flops, elapsed_s, points_*}.
-        Raises ``journal.JournalMismatch`` before measuring anything if asked to resume from a journal
-        measured with other settings."""
+        """{machine, config, rows, flops, elapsed_s, points_*}; JournalMismatch before any measurement if the
+        journal to resume was measured with other settings."""
         threads = torch.get_num_threads()
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
@@ -341,8 +308,7 @@ class Sweep:
 
 
 def attach_ratios(rows: List[Dict[str, Any]]) -> None:
-    """Set each ok row's ``ratio_vs_baseline``: its median over its baseline model's, at the same point
-    (throughput: above 1 is faster than the baseline; memory: below 1 is less)."""
+    """Set each ok row's ``ratio_vs_baseline``: its value over its baseline model's at the same point."""
     index = {(r["model"], r["resolution"], r["batch"], r["measurement"]): r for r in rows if r["status"] == "ok"}
     for row in rows:
         base = index.get((row["baseline_model"], row["resolution"], row["batch"], row["measurement"]))
@@ -350,7 +316,6 @@ def attach_ratios(rows: List[Dict[str, Any]]) -> None:
             row["ratio_vs_baseline"] = row["value"] / base["value"]
 
 
-# ------------------------------------------------------------------------------------------- the files
 def _cell(row: Optional[Dict[str, Any]], digits: int) -> str:
     if row is None:
         return "—"
@@ -363,7 +328,6 @@ def _cell(row: Optional[Dict[str, Any]], digits: int) -> str:
 
 
 def markdown_table(result: Dict[str, Any]) -> str:
-    """A Markdown table per resolution: params, GMACs, throughputs and extra peak memory, with ratios vs DeiT."""
     rows: List[Dict[str, Any]] = result["rows"]
     index = {(r["model"], r["resolution"], r["measurement"]): r for r in rows}
     flops = {(f["model"], f["resolution"]): f for f in result.get("flops", [])}
@@ -402,7 +366,6 @@ def markdown_table(result: Dict[str, Any]) -> str:
 
 
 def csv_text(result: Dict[str, Any]) -> str:
-    """One line per (model, resolution, batch, measurement); the machine is named in a leading comment."""
     f = io.StringIO(newline="")
     command = result["machine"].get("command")
     f.write(f"# machine: {describe(result['machine'])}" + (f"; command: {command}" if command else "") + "\n")
@@ -414,8 +377,7 @@ def csv_text(result: Dict[str, Any]) -> str:
 
 
 def plot_scaling(result: Dict[str, Any]) -> bytes:
-    """The scaling figure (PNG): inference throughput and peak memory against resolution, log-log; memory
-    is the training step's extra peak where measured, else the inference call's."""
+    """PNG: inference throughput and extra peak memory (training's where measured) against resolution, log-log."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -458,6 +420,5 @@ def plot_scaling(result: Dict[str, Any]) -> bytes:
 
 
 def write_all(result: Dict[str, Any], out_dir: Path) -> List[Path]:
-    """results.json, results.csv, results.md and scaling.png under ``out_dir``; returns the paths."""
     contents = (result, csv_text(result), markdown_table(result), lambda: plot_scaling(result))
     return write_results(out_dir, dict(zip(SWEEP_FILES, contents)))

@@ -1,13 +1,6 @@
-"""CPU throughput of one classifier in three runtimes (the export subjects of
-:mod:`weightformer.bench.subjects`): PyTorch eager, ``torch.compile(dynamic=True)`` and onnxruntime (a
-dynamic-size ONNX export), at several image sizes with one compiled program and one ONNX file for all.
-
-    weightformer bench export --out benchmarks/results/cpu/export   (or python -m weightformer.export.bench)
-
-Every (runtime, size) is timed side by side (:func:`weightformer.bench.timing.side_by_side`): each round
-times each once, a sample being the mean of ``repeats`` back-to-back calls; the figures are medians over
-rounds. The compiled model runs with ``torch._dynamo.config.error_on_recompile``: one compilation serves
-every size, or the run fails.
+"""``weightformer bench export``: CPU throughput of one classifier in PyTorch eager, ``torch.compile(dynamic=True)``
+(under ``error_on_recompile``: one compilation serves every size) and onnxruntime (one dynamic-size ONNX file),
+timed side by side at several image sizes; medians over rounds of ``repeats`` calls.
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ FILES = ("runtimes.json", "runtimes.md")
 
 def measure(model_name: str = "weightformer_tiny", points=POINTS, rounds: int = 5, repeats: int = 2,
             threads: int = 1) -> dict:
-    """Images per second (median over ``rounds``) of every runtime at each point, plus the one-off costs:
-    compilation (the first call at each size) and ONNX export."""
+    """Images per second (median over ``rounds``) of every runtime at each point, with compilation and export times."""
     torch.set_num_threads(threads)
     model = timm.create_model(model_name).eval()
     inputs = {p: torch.randn(p[0], 3, p[1], p[2]) for p in points}
@@ -77,7 +69,6 @@ def measure(model_name: str = "weightformer_tiny", points=POINTS, rounds: int = 
 
 
 def markdown(result: dict, provenance_lines: str) -> str:
-    """A table of img/s per size and runtime, with the speed-ups over eager, under ``provenance_lines``."""
     lines = [f"# {result['model']}: eager vs torch.compile vs onnxruntime (CPU)", "", provenance_lines, "",
              (f"{result['threads']} thread(s) for every runtime; median of {result['rounds']} "
               f"interleaved rounds of {result['repeats']} calls; random weights; fp32."), "",
@@ -97,7 +88,6 @@ def markdown(result: dict, provenance_lines: str) -> str:
 
 
 def run_command(args: Any, command: str) -> int:
-    """``weightformer bench export`` with parsed ``args``."""
     claim_out_dir(args.out, FILES, args.overwrite, "weightformer bench export")
     torch.set_num_threads(args.threads)
     info = machine_info("cpu", command)  # before measuring: the load average the measurements began under
@@ -109,7 +99,6 @@ def run_command(args: Any, command: str) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m weightformer.export.bench``: ``weightformer bench export``."""
     from ..bench.cli import main as bench_main
 
     return bench_main(["export", *(argv if argv is not None else __import__("sys").argv[1:])])
