@@ -385,7 +385,7 @@ def test_cuda_without_a_gpu_is_one_line_in_every_bench_command(command, device, 
 
 
 def test_auto_device_is_recorded_as_the_device_it_picked():
-    from weightformer.bench.cli import check_device
+    from weightformer.bench.checks import check_device
 
     assert check_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert SweepConfig(models=["wf-t"], resolutions=[224], device="auto").device == check_device("auto")

@@ -8,7 +8,6 @@ points kept in ``points.jsonl`` for ``--resume``.
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import signal
 import sys
@@ -19,16 +18,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.errors import ConfigError
 from .journal import JOURNAL_NAME
-from .subjects import INFER, TRAIN, suite
+from .checks import DTYPES, MEASUREMENTS, MODES, SWEEP_FILES, check_choices, check_models, check_number, check_resolution
+from .subjects import suite
 
 if TYPE_CHECKING:
     from .sweep import SweepConfig
 
-MEASUREMENTS = ("infer", "train", "memory", "flops")
-MODES = (INFER, TRAIN)
-DTYPES = ("float32", "bfloat16", "float16")
-PATCH = 16  # every classifier of the sweep cuts images into 16×16 patches
-SWEEP_FILES = ("results.json", "results.csv", "results.md", "scaling.png")
 DEFAULT_MODELS = ["wf-t", "wf-t-naive", "wf-t-ckpt", "deit-t", "deit-t-explicit", "wf-s", "deit-s"]
 DEFAULT_RESOLUTIONS = [224, 448, 624, 896, 1248, 2048]
 DEFAULT_BATCHES = "224:16,448:4,1"
@@ -59,37 +54,6 @@ moves them aside (<name>.previous-<time>, never deleted), --resume continues the
 # ------------------------------------------------------------------------------------ values and checks
 def strings(text: str) -> List[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def check_number(what: str, value: float, minimum: float, inclusive: bool = True) -> None:
-    if not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
-        raise ConfigError(f"{what} must be a number {'>=' if inclusive else '>'} {minimum:g}, got {value!r}")
-
-
-def check_choices(what: str, values: Sequence[str], allowed: Sequence[str]) -> None:
-    unknown = [v for v in values if v not in allowed]
-    if unknown or not values:
-        given = ", ".join(map(repr, unknown)) or "(none given)"
-        raise ConfigError(f"unknown {what} {given}; choose from {', '.join(allowed)}")
-
-
-def check_models(models: Sequence[str], suite_name: str = "cls") -> None:
-    if not models:
-        raise ConfigError(f"no models given; choose from {', '.join(suite(suite_name))}")
-    check_choices("model", models, list(suite(suite_name)))
-
-
-def check_resolution(resolution: int) -> None:
-    if resolution < PATCH or resolution % PATCH:
-        raise ConfigError(f"resolution {resolution} is not a positive multiple of {PATCH} (the patch size), e.g. 224")
-
-
-def check_device(device: str) -> str:
-    """``device`` as a result records it (``auto`` becomes cuda or cpu), checked by the engine's ``pick_device``."""
-    from ..engine.device import pick_device
-
-    picked = pick_device(str(device))
-    return picked.type if device == "auto" else str(device)
 
 
 def _type(parse: Callable[[str], Any], what: str) -> Callable[[str], Any]:

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from .cli import MODES, check_choices, check_device, check_number
+from .checks import MODES, check_choices, check_device, check_number
 from .subjects import INFER, TRAIN, padded, prepare, suite
 
 FILES = ("results.json", "results.md")

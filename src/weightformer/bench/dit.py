@@ -241,7 +241,7 @@ def run_command(args: Any, command: str) -> int:
     from ..engine.errors import ConfigError
     from ..engine.outputs import removed_if_failed
     from ..generation.variants import DIT_VARIANTS
-    from .cli import check_device
+    from .checks import check_device
     from .results import claim_out_dir, default_out, log, machine_info, write_results
 
     unknown = [m for m in args.models if m not in DIT_VARIANTS]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import memory
-from .cli import (DTYPES, MEASUREMENTS, MODES, PATCH, SWEEP_FILES, check_choices, check_device, check_models,
+from .checks import (DTYPES, MEASUREMENTS, MODES, PATCH, SWEEP_FILES, check_choices, check_device, check_models,
                   check_number, check_resolution)
 from .flops import count_flops
 from .journal import Journal, Key
