@@ -5,7 +5,7 @@ batch sizes, with eager's outputs.
 The graph capture and its shape guards (Dynamo, then AOTAutograd's decompositions) are what decide
 recompilation; they run here with the ``aot_eager`` backend. Inductor's C++ code generation adds
 minutes of compiler time on a 2-core CPU, so the Inductor run of the same sizes is in
-``python -m weightformer.export.bench`` (benchmarks/results/cpu/export/), also with ``error_on_recompile``.
+``weightformer bench export`` (benchmarks/results/cpu/export/), also with ``error_on_recompile``.
 """
 
 import timm

@@ -3,7 +3,7 @@
 One list of subjects (:mod:`.subjects`), one side-by-side timer (:mod:`.timing`), one memory probe
 (:mod:`.memory`), one results writer (:mod:`.results`), used by the classification sweep (:mod:`.sweep`),
 the dense cost table (:mod:`.dense`), the DiT table (:mod:`.dit`) and the export timing
-(:mod:`weightformer.export.bench`). A Python user can call the pieces directly::
+(:mod:`weightformer.bench.export`). A Python user can call the pieces directly::
 
     from weightformer.bench import Sweep, SweepConfig, write_all
     result = Sweep(SweepConfig(models=["wf-t", "deit-t"], resolutions=[224, 448])).run()

@@ -314,7 +314,7 @@ SUITES: Dict[str, Tuple[str, str, Callable[[], argparse.ArgumentParser]]] = {  #
     "dense": ("weightformer.bench.dense", "backbone cost at detection/segmentation sizes (GFLOPs, params, memory, "
               "img/s)", dense_parser),
     "dit": ("weightformer.bench.dit", "WeightFormer-DiT against DiT across latent sides (time and memory)", dit_parser),
-    "export": ("weightformer.export.bench", "one classifier in eager, torch.compile and onnxruntime (CPU img/s)",
+    "export": ("weightformer.bench.export", "one classifier in eager, torch.compile and onnxruntime (CPU img/s)",
                export_parser)}
 
 

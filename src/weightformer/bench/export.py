@@ -14,11 +14,11 @@ import numpy as np
 import timm
 import torch
 
-from ..bench.results import claim_out_dir, machine_info, provenance, write_results
-from ..bench.subjects import suite
-from ..bench.timing import median, side_by_side
+from .results import claim_out_dir, machine_info, provenance, write_results
+from .subjects import suite
+from .timing import median, side_by_side
 
-__all__ = ["main", "measure", "run_command"]
+__all__ = ["measure", "run_command"]
 
 # (batch, height, width). Non-square first: a square first input makes Dynamo "duck size" height and
 # width into one symbol, and the non-square point would then compile a second time.
@@ -96,13 +96,3 @@ def run_command(args: Any, command: str) -> int:
     write_results(args.out, dict(zip(FILES, (result, table))))
     print(table)
     return 0
-
-
-def main(argv=None) -> int:
-    from ..bench.cli import main as bench_main
-
-    return bench_main(["export", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
