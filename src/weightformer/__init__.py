@@ -1,18 +1,9 @@
 """WeightFormer: linear-time global visual modelling with input-predicted weights instead of attention.
 
-Importing the package registers ``weightformer_tiny``, ``weightformer_small`` and
-``weightformer_base`` with timm, so ``timm.create_model("weightformer_tiny")`` works.
-
-The ``weightformer`` command is the exception: its console script and ``python -m weightformer`` run
-this file before the command line is parsed, and ``--help`` or a mistyped flag need neither torch nor
-timm. Started as that command (a program file named ``weightformer``, ``weightformer.exe`` or
-``weightformer-script.py``, or ``-m weightformer`` in :data:`sys.orig_argv`), the interpreter imports no
-models here; every subcommand registers them once its work starts
-(:func:`weightformer.engine.cli.run_reporting_errors`, ``weightformer bench``'s model builder). Any other
-way of reaching :func:`weightformer.cli.main` (``python -c``, a test) imports them as a library does.
-
-The package's other names (:class:`WeightFormer`, :class:`DynamicLinear`, ...) are imported on first
-use (PEP 562).
+Importing the package registers ``weightformer_tiny``, ``_small`` and ``_base`` with timm. Started as the
+``weightformer`` command (its console script or ``python -m weightformer``), it imports no models here, so that
+``--help`` needs no torch; each subcommand registers them once its work starts. Other names are imported on
+first use.
 """
 
 from __future__ import annotations
@@ -28,8 +19,7 @@ __all__ = ["DynamicDWConv", "DynamicLinear", "WeightFormer", "attention_as_mlp",
 
 
 def _lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The PEP 562 ``__getattr__`` and ``__dir__`` of ``package``, whose names ``exports`` maps to the
-    submodule (relative) that defines each: imported on first use, then an attribute like any other."""
+    """The PEP 562 ``__getattr__`` and ``__dir__`` of ``package``, ``exports`` mapping each name to its submodule."""
     module = sys.modules[package]
 
     def __getattr__(name: str) -> Any:
@@ -51,8 +41,7 @@ __getattr__, __dir__ = _lazy_exports(__name__, {
 
 
 def _module_run_by_python() -> str:
-    """The module named by ``-m`` on the interpreter's command line, :data:`sys.orig_argv` (CPython's
-    short options, which may be grouped, as in ``-Om weightformer``; c, m, W and X take an argument)."""
+    """The module named by ``-m`` in :data:`sys.orig_argv` (short options may be grouped, as in ``-Om``)."""
     args = iter(sys.orig_argv[1:])
     for arg in args:
         if not arg.startswith("-") or arg.startswith("--"):
@@ -67,7 +56,7 @@ def _module_run_by_python() -> str:
 
 
 def _started_as_command() -> bool:
-    """Whether this interpreter was started as the ``weightformer`` command (see the module docstring)."""
+    """Whether this interpreter was started as the ``weightformer`` command (or its .exe/-script.py)."""
     program = sys.argv[0] if sys.argv else ""
     if program == "-m":  # python -m weightformer: runpy imports the package before it sets sys.argv[0]
         return _module_run_by_python() == "weightformer"

@@ -22,11 +22,8 @@ FILE_MODE = _file_mode()  # what open() gives a new file; mkstemp's own is 0o600
 
 
 def write_atomic(path: str | os.PathLike, content: Content) -> None:
-    """Replace ``path`` with ``content``: bytes, a str (UTF-8), or a callable that writes into the open binary file.
-
-    The content goes to a temporary ``.<name>.<random>.tmp`` in ``path``'s folder (made if missing), is flushed
-    and fsynced, then renamed over ``path``; the temporary file is removed on any failure, Ctrl-C included.
-    """
+    """Replace ``path`` with ``content`` (bytes, a UTF-8 str, or a callable writing into the open binary file) via
+    a fsynced ``.<name>.<random>.tmp`` in its folder, renamed over it; the temporary is removed on any failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -17,11 +17,8 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be read safely or does not fit the model."""
 
 
-# The authors' training checkpoints pickle their yacs ``CfgNode`` config beside the weights.
-# ``weights_only`` loading refuses unknown classes; reading that one name as a plain OrderedDict
-# (a dict subclass with its items and attributes, like CfgNode) lets those files load without
-# importing yacs and without running any code. It is allowed only inside our own loaders (the
-# context below), never process-wide: importing weightformer must not change how others unpickle.
+# The authors' training checkpoints pickle their yacs ``CfgNode`` config: read as a plain OrderedDict, inside our
+# own loaders only (never process-wide), without importing yacs or running any code.
 _RELEASE_PICKLE_GLOBALS = [(OrderedDict, "yacs.config.CfgNode")]
 
 
@@ -43,11 +40,8 @@ def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a ``.safetensors`` file or a ``.pt``/``.pth`` file with ``torch.load(weights_only=True)``.
-
-    Raises :class:`CheckpointError` with the file name when it is missing, is not a checkpoint, or
-    would need arbitrary code to unpickle.
-    """
+    """Load a ``.safetensors`` file or a ``.pt``/``.pth`` with ``torch.load(weights_only=True)``; a
+    :class:`CheckpointError` naming the file when it is missing, no checkpoint, or needs code to unpickle."""
     import torch
     from safetensors.torch import load_file as load_safetensors
 
@@ -72,8 +66,7 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
         ) from exc
     except (RuntimeError, EOFError, OSError, KeyError, IndexError, ValueError, TypeError, AttributeError,
             MemoryError) as exc:
-        # What torch's legacy unpickler raises on bytes that are no pickle stream at all: a text file's first
-        # byte read as an opcode (KeyError), random bytes (IndexError), a huge length field (MemoryError), ...
+        # What torch's legacy unpickler raises on bytes that are no pickle stream (a text file: KeyError, ...)
         detail = str(exc).strip() or type(exc).__name__
         raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: {detail[:120]}); "
                               f"pass a .pt/.pth written by torch.save, or a .safetensors file") from exc

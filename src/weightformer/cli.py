@@ -1,11 +1,5 @@
-"""The ``weightformer`` command: it only dispatches.
-
-``weightformer det|seg|gen|cls ...`` run a task's command line, built by the engine from the task
-(:mod:`weightformer.engine.cli`); ``weightformer train|eval|predict`` are classification's (``cls``)
-subcommands, the package's main job. The other subcommands live in their own packages. Each is
-imported only when it runs, so ``--help`` and a typo cost no import of torch. Exit codes are those
-of :mod:`weightformer.engine.cli`.
-"""
+"""The ``weightformer`` command: it only dispatches, to a task's command line (``cls|det|seg|gen``, with
+``train|eval|predict`` for ``cls``) or another subcommand's module, each imported only when it runs."""
 
 from __future__ import annotations
 

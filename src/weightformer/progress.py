@@ -1,8 +1,5 @@
-"""Progress of a long loop outside training (sampling, predicting, evaluating, scanning), one way for
-every command: a tqdm bar on a terminal, and off one (a log file, a pipe, CI) a plain line at most
-every :data:`PLAIN_LINE_SECONDS` and at the end, as timm's ``train.py`` logs, instead of hundreds of
-carriage-return updates. (The training loop's own per-epoch output is :class:`weightformer.engine.metrics.Progress`.)
-"""
+"""Progress of a long loop outside training: a tqdm bar on a terminal, and off one a plain line at most every
+:data:`PLAIN_LINE_SECONDS` and at the end, as timm's ``train.py`` logs."""
 
 from __future__ import annotations
 
@@ -66,10 +63,8 @@ class _PlainLines:
 def progress(iterable: Optional[Iterable[Any]] = None, *, total: Optional[int] = None, desc: str = "",
              unit: str = "it", enabled: bool = True, stream: Optional[TextIO] = None,
              interval: float = PLAIN_LINE_SECONDS, delay: float = 0.0) -> Any:
-    """Wrap ``iterable`` (or count ``update(n)`` calls up to ``total``) with progress on ``stream``
-    (stderr): a tqdm bar on a terminal (shown only after ``delay`` seconds), plain lines off one (a run
-    shorter than ``interval`` prints nothing), nothing when ``enabled`` is false. Use it as tqdm:
-    iterate it, or ``with`` it and call ``update``."""
+    """Wrap ``iterable`` (or count ``update(n)`` calls up to ``total``), as tqdm, with progress on ``stream``
+    (stderr): a bar on a terminal (after ``delay`` s), plain lines off one, nothing unless ``enabled``."""
     stream = stream if stream is not None else sys.stderr
     if not enabled:
         return tqdm(iterable, total=total, disable=True)

@@ -1,7 +1,4 @@
-"""The tasks this package ships, registered with the engine by import path (imported on first use).
-
-Weights that name no task (the authors' releases, timm's files, bare state dicts) are classifiers.
-"""
+"""The tasks this package ships, registered with the engine by import path; weights naming no task are classifiers."""
 
 from .engine.registry import register_task
 

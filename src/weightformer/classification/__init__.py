@@ -1,10 +1,5 @@
-"""Image classification as a task, a peer of the others: its settings (:mod:`.config`), recipes
-(:mod:`.recipes`), timm model builder (:mod:`.model`), evaluation (:mod:`.evaluate`), prediction
-(:mod:`.predict`) and commands (``weightformer train|eval|predict``, also ``weightformer cls``).
-
-The names are imported from their submodules on first use (PEP 562), so that the command line reads
-:class:`ClassificationTask` and its settings without importing torch.
-"""
+"""Image classification as a task (``weightformer train|eval|predict``, also ``weightformer cls``); the names are
+imported on first use, so that the command line reads the task and its settings without torch."""
 
 from .. import _lazy_exports
 

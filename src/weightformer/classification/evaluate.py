@@ -28,9 +28,8 @@ __all__ = ["eval_transform_config", "evaluate", "evaluate_checkpoint", "format_e
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, amp: str = "none",
              dist_info: Optional[DistInfo] = None, show_progress: bool = False) -> dict[str, float]:
-    """Top-1 and top-5 accuracy (%), mean cross-entropy, images per second and the number of images over
-    ``loader``. Under torch.distributed the ranks' sums are reduced, so every rank returns the numbers of
-    the whole data set. ``show_progress``: :func:`weightformer.progress.progress`'s bar or lines."""
+    """Top-1 and top-5 accuracy (%), mean cross-entropy, images per second and the image count over ``loader``,
+    reduced over the ranks under torch.distributed."""
     was_training = model.training
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
@@ -83,8 +82,7 @@ def _check_eval_settings(batch_size: int, workers: int, img_size: Optional[int],
 
 
 def check_data_fits(meta: Mapping[str, Any], info: DataInfo, source: str) -> None:
-    """The classifier described by ``meta`` can be scored on the data ``info`` describes, or an error
-    naming what differs (channels, class count, class names)."""
+    """An error naming what differs (channels, class count, class names) unless ``meta``'s classifier fits ``info``."""
     trained_on = f" ({meta['data']})" if meta.get("data") else ""
     if meta.get("in_chans", info.in_chans) != info.in_chans:
         raise CheckpointError(f"{source} was trained on {meta['in_chans']}-channel images and {info.name} has "
@@ -99,8 +97,7 @@ def check_data_fits(meta: Mapping[str, Any], info: DataInfo, source: str) -> Non
 
 
 def eval_transform_config(net: nn.Module, meta: Mapping[str, Any], img_size: Optional[int]) -> dict[str, Any]:
-    """Our checkpoints name the preprocessing they were trained with; for anything else the model's
-    pretrained config decides (the release's squash resize for WeightFormer), as in timm/validate.py."""
+    """The checkpoint's preprocessing, else the model's pretrained config's, as in timm/validate.py."""
     pretrained_cfg = getattr(net, "pretrained_cfg", None)
     if "img_size" in meta:
         return eval_data_config(pretrained_cfg, in_chans=meta["in_chans"], img_size=img_size or meta["img_size"],
@@ -113,14 +110,9 @@ def evaluate_checkpoint(checkpoint: Optional[str] = None, model: Optional[str] =
                         data: Optional[str] = None, model_kwargs: Optional[dict[str, Any]] = None,
                         img_size: Optional[int] = None, batch_size: int = 256, workers: int = 4, amp: str = "none",
                         device: str = "auto", use_ema: bool = False) -> dict[str, Any]:
-    """Evaluate a checkpoint (any format :func:`load_model` reads), or a timm model's pretrained weights.
-
-    ``checkpoint``: our ``last.pt``/``best.pt`` (rebuilt from their metadata), the authors' files, or any
-    state dict with ``model`` naming its architecture; ``model`` with ``pretrained``: timm's own weights.
-    ``data`` defaults to the checkpoint's. Images are preprocessed as the checkpoint records, else as the
-    model's pretrained config says, as ``timm/validate.py`` does. Returns top-1/top-5 (%), loss, img/s, the
-    images evaluated, the unreadable files left out, and the model, data and preprocessing used.
-    """
+    """Evaluate a checkpoint (any format :func:`load_model` reads; ``data`` defaults to its own), or timm's
+    pretrained ``model``: top-1/top-5 (%), loss, img/s, the images evaluated, the unreadable files left out, and
+    the model, data and preprocessing used."""
     _check_eval_settings(batch_size, workers, img_size, amp, device)
     if checkpoint is None and not (model and pretrained):
         raise CheckpointError("nothing to evaluate; pass --checkpoint PATH, or --model NAME --pretrained")

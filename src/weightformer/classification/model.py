@@ -25,9 +25,8 @@ def pretrained_cfg(model_name: str) -> dict[str, Any]:
 
 
 def build_classifier(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Module:
-    """``timm.create_model`` from a checkpoint's ``meta`` (name, kwargs, classes, channels). A refused value
-    or keyword is a :class:`ConfigError`, pretrained weights that cannot be fetched a
-    :class:`CheckpointError`; anything else is a bug and keeps its traceback."""
+    """``timm.create_model`` from a checkpoint's ``meta``: a refused argument is a :class:`ConfigError`, pretrained
+    weights that cannot be fetched a :class:`CheckpointError`."""
     name = meta["model"]
     if not timm.is_model(name):
         raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
@@ -51,9 +50,8 @@ def _blank_forward(model: nn.Module, in_chans: int, size: int, device: torch.dev
 
 
 def check_input_size(model: nn.Module, meta: Mapping[str, Any], device: torch.device) -> None:
-    """One eval-mode forward of a blank image, so a model that cannot take this size fails with one line.
-    A ValueError, or timm's size AssertionError, refuses the input; a RuntimeError (a kernel larger than the
-    feature map, say) does only when the same model runs at its pretrained size, else it stays what it is."""
+    """One eval-mode forward of a blank image, so a model that cannot take this size fails in one line (a
+    RuntimeError only when the model runs at its pretrained size)."""
     was_training = model.training
     model.eval()
     size = meta["img_size"]

@@ -1,10 +1,5 @@
-"""Prediction: the top-k classes of image files, or of every image in folders (``weightformer predict``).
-
-Class names come from the checkpoint (the class folders it was trained on), from the model's
-pretrained config (``label_names``, as a Hub export carries them), or, for ImageNet classifiers,
-from timm's :class:`~timm.data.ImageNetInfo`. Images are preprocessed as the model was evaluated
-(:func:`weightformer.classification.evaluate.evaluate_checkpoint`'s transform). Files that cannot be read
-are skipped and listed (``weightformer predict`` then exits with :data:`EXIT_SKIPPED`).
+"""Prediction: the top-k classes of image files, or of every image in folders (``weightformer predict``),
+preprocessed as the model is evaluated; unreadable files are skipped and listed (exit :data:`EXIT_SKIPPED`).
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ EXIT_SKIPPED = 3  # every readable image was predicted, and some files were not 
 
 
 def class_names(loaded: LoadedModel) -> list[str]:
-    """A name per class: the checkpoint's classes, the model's ``label_names``, ImageNet's descriptions,
-    else ``class <i>``."""
+    """A name per class: the checkpoint's, the model's ``label_names``, ImageNet's descriptions, else ``class <i>``."""
     model, num_classes = loaded.model, loaded.model.num_classes
     if loaded.meta.get("classes") and len(loaded.meta["classes"]) == num_classes:
         return [str(c) for c in loaded.meta["classes"]]

@@ -1,11 +1,5 @@
-"""Data for training and evaluation: bundled data sets, ImageFolder trees, timm transforms, sampling.
-
-:func:`open_dataset` turns ``--data`` (a built-in name or a folder) into train and val splits
-plus the facts a model needs (classes, channels, normalisation).
-
-The names below are imported from their submodules on first use (PEP 562), so that importing the
-package, e.g. for :class:`DataError`, imports no torch.
-"""
+"""Data for training and evaluation: bundled data sets, ImageFolder trees, timm transforms, sampling. The names
+are imported from their submodules on first use, so that importing the package imports no torch."""
 
 from __future__ import annotations
 
@@ -65,8 +59,7 @@ class DataInfo:
 def open_dataset(data: str, splits: tuple[str, ...] = ("train", "val"), verify: bool = True,
                  warn: bool = True) -> tuple[DataInfo, dict[str, Dataset]]:
     """Open ``data`` (a built-in name such as ``"mnist"`` or an ImageFolder path) without transforms: its
-    :class:`DataInfo` and ``{split: dataset}``. ``verify`` and ``warn`` go to :func:`load_image_folder`
-    (``warn`` also to :func:`load_builtin`)."""
+    :class:`DataInfo` and ``{split: dataset}``."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     from .builtin import BUILTIN_DATASETS, load_builtin

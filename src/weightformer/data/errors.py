@@ -6,12 +6,8 @@ __all__ = ["DataError"]
 
 
 class DataError(ValueError):
-    """A data set the user pointed at cannot be used: missing, empty, or inconsistent splits.
-
-    Its message is one line. A DataError raised in a DataLoader worker process reaches the main
-    process re-built by torch from one string, ``"Caught DataError in DataLoader worker process 0.
-    \\nOriginal Traceback ..."``; that string is cut back to the original one-line message.
-    """
+    """A data set the user pointed at cannot be used, in one line; torch's re-raise text from a DataLoader worker
+    (``"Caught DataError in DataLoader worker process 0..."``) is cut back to the original message."""
 
     def __init__(self, *args: object):
         if args:

@@ -1,11 +1,8 @@
 """ImageFolder trees in ImageNet layout (``train/<class>/*.jpg``, ``val/<class>/*.jpg``).
 
-Scanning a split lists its class folders and their image files, following symlinks (to images or
-to folders elsewhere) but refusing symlink loops. With ``verify``, files that cannot be opened as
-images are left out of the split, counted, and reported in one warning line; their paths are on
-:attr:`FolderSpec.skipped`. A file that fails to load later (verification off, a JPEG damaged past
-its header, a file changed after the scan) raises :class:`DataError` naming it: no other image is
-served in its place, so evaluation never counts an image twice or drops one silently.
+Scanning follows symlinks but refuses loops; with ``verify``, unreadable files are left out, reported in one
+warning line and kept on :attr:`FolderSpec.skipped`. A file that fails to load later raises :class:`DataError`
+naming it: no other image is served in its place.
 """
 
 from __future__ import annotations
@@ -87,12 +84,8 @@ def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
 
 
 def list_images(class_dir: Path, split_dir: Path) -> list[str]:
-    """Image files under ``class_dir``, sorted by folder then name, following symlinks but not loops.
-
-    A symlink that leads to a folder on the way down to it (itself, a parent, the split, the
-    tree's root) is a loop: following it would list the same images again and again, so it is
-    reported as a :class:`DataError`. Two links to one folder elsewhere are followed both times.
-    """
+    """Image files under ``class_dir``, sorted by folder then name, following symlinks; a link to a folder on the
+    way down to it is a loop and a :class:`DataError` (two links to one folder elsewhere are both followed)."""
     found: list[tuple[str, list[str]]] = []
 
     def walk(dirpath: str, chain: list[str]) -> None:  # chain: real paths of the folders on the way down
@@ -116,13 +109,8 @@ def list_images(class_dir: Path, split_dir: Path) -> list[str]:
 
 def scan_split(split_dir: Path, verify: bool = True,
                progress: bool = False) -> tuple[list[str], list[tuple[str, int]], list[str]]:
-    """List one split: (class names, [(path, class index)], unreadable paths).
-
-    Classes are the sorted subfolder names; files are kept if their extension is an image one
-    (``.jpg``, ``.png``, ...) and, with ``verify``, if PIL can open them. Every class must keep
-    at least one image. ``progress`` shows tqdm bars on a terminal for a scan that takes a while, and
-    plain lines now and then off one.
-    """
+    """List one split: (class names, [(path, class index)], unreadable paths). Classes are the sorted subfolders;
+    files are kept by image extension and, with ``verify``, if PIL opens them; every class must keep one."""
     if not split_dir.is_dir():
         root = split_dir.parent
         if root.name in SPLITS and (root.parent / split_dir.name).is_dir():
@@ -168,18 +156,12 @@ def scan_split(split_dir: Path, verify: bool = True,
 
 
 class ImageFolderDataset(Dataset):
-    """(image, class index) pairs from a scanned split, through an optional transform.
-
-    ``verified`` says whether the scan opened every file (it only changes the advice given when
-    a file fails to load).
-    """
+    """(image, class index) pairs from a scanned split; ``verified`` (the scan opened every file) only changes
+    the advice given when a file fails to load."""
 
     def __init__(self, samples: list[tuple[str, int]], transform: Optional[Callable] = None,
                  loader: Callable[[str], Any] = rgb_loader, verified: bool = True):
-        self.samples = samples
-        self.transform = transform
-        self.loader = loader
-        self.verified = verified
+        self.samples, self.transform, self.loader, self.verified = samples, transform, loader, verified
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -202,13 +184,8 @@ class ImageFolderDataset(Dataset):
 
 def load_image_folder(root: str | os.PathLike, splits: tuple[str, ...] = SPLITS, verify: bool = True,
                       warn: bool = True) -> tuple[FolderSpec, dict[str, ImageFolderDataset]]:
-    """Scan ``root/<split>`` for each split: the tree's spec and ``{split: dataset}``.
-
-    Raises :class:`DataError` for a missing or empty tree, a class folder without images, a
-    symlink loop, or splits whose classes differ. ``warn`` is for the process that reports (rank
-    0): unreadable files are reported in one :class:`SkippedImagesWarning` line, and a long scan
-    shows progress (a bar on a terminal, plain lines now and then off one).
-    """
+    """Scan ``root/<split>`` for each split: the tree's spec and ``{split: dataset}``. ``warn`` (the reporting
+    rank): one :class:`SkippedImagesWarning` line for unreadable files, and progress for a long scan."""
     root_path = Path(root).expanduser()
     if not root_path.exists():
         raise DataError(f"data directory {root_path} does not exist; pass --data an ImageFolder tree "

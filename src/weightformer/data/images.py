@@ -1,6 +1,5 @@
-"""Image files: the one expander of paths named on a command line and the one reader, for every task's
-``predict``; and the one look at a folder's image sizes (headers only), for the recipes that size a run
-to a user's images."""
+"""Image files: paths named on a command line expanded, read (every task's ``predict``), and a folder's image sizes
+from their headers (for the recipes that size a run to a user's images)."""
 
 from __future__ import annotations
 
@@ -45,9 +44,8 @@ def read_image(path: str | Path) -> Image.Image:
 
 
 def image_sizes(folder: str | Path, limit: int, extensions: Sequence[str] = IMG_EXTENSIONS) -> list[tuple[int, int]]:
-    """The (width, height) of the first ``limit`` readable images under ``folder`` (sub-folders and files
-    in name order), read from their headers, not their pixels: cheap before a data set is loaded.
-    Unreadable files are passed over (the data scan reports them)."""
+    """The (width, height) of the first ``limit`` readable images under ``folder`` (in name order), from their
+    headers; unreadable files are passed over."""
     suffixes = tuple(e.lower() for e in extensions)
     sizes: list[tuple[int, int]] = []
     for dirpath, dirs, names in os.walk(folder):

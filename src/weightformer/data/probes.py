@@ -1,24 +1,16 @@
-"""Long-range reasoning probes: procedural grey-scale images whose label needs information from
-distant parts of the image.
+"""Long-range reasoning probes: procedural grey-scale images whose label needs information from distant parts.
 
-Every generator is deterministic in its seed and returns ``(images, labels)``, images a (N, S, S)
-uint8 array (0 background, 255 ink) and labels a (N,) int64 array:
+Each generator is deterministic in its seed and returns (N, S, S) uint8 images (0 background, 255 ink) and
+(N,) int64 labels:
 
-- ``glyph_match``: two glyphs from a bank of 10 (5×5 bit patterns; option ``glyphs`` uses the first
-  k), one near the left edge and one near the right edge, at random heights. Label 1 if they are the
-  same glyph, else 0 (half each): one glyph's identity must be carried across the whole width.
-- ``glyph_count``: 1 to 4 copies of a glyph scattered without overlap; label = count - 1. A
-  control: a sum over tokens solves it, so every model should.
-- ``path_link``: two curves that do not touch, and two square markers at least a quarter of the
-  image apart. Label 1 if both markers sit on the two ends of the same curve, 0 if they sit on ends
-  of different curves (half each): the curve must be followed end to end (a small "Pathfinder").
+- ``glyph_match``: two glyphs from a bank of 10 5×5 patterns (``glyphs``: the first k), near the left and the
+  right edge; label 1 if they are the same glyph (half each).
+- ``glyph_count``: 1 to 4 copies of a glyph scattered without overlap; label = count - 1 (a control).
+- ``path_link``: two curves that do not touch and two markers at least a quarter of the image apart; label 1
+  if both markers end the same curve (a small "Pathfinder").
 
-Sizes: ``size`` (pixels, 32 or more) and the image count. ``scale`` is the pixels per glyph cell
-(the glyph probes) or the stroke width (``path_link``); by default it grows with the canvas
-(:func:`default_scale`: 2 at 64 px). Given explicitly it stays put, so a larger canvas with the same
-``scale`` draws the same glyphs farther apart: ``glyph_match(size=128, scale=2)`` is the 64 px task with
-the relation spanning twice the pixels (resolution transfer, weightformer.analysis.transfer).
-:func:`check_canvas` says whether a probe can draw at a size and scale.
+``scale`` is the pixels per glyph cell (or ``path_link``'s stroke width), by default :func:`default_scale`;
+given explicitly it stays put, so a larger canvas draws the same glyphs farther apart (resolution transfer).
 """
 
 from __future__ import annotations
@@ -32,9 +24,7 @@ __all__ = ["GLYPH_BANK", "PROBES", "check_canvas", "default_scale", "glyph_count
 
 
 def _glyph_bank(count: int = 10, side: int = 5) -> np.ndarray:
-    """``count`` distinct 5×5 bit patterns, fixed (independent of any sample seed), each 8-16 pixels on
-    and differing from every other in at least 6 pixels, with ink in the first and last row and column
-    (so every glyph spans its whole box)."""
+    """``count`` fixed 5×5 bit patterns, 8-16 pixels on, differing pairwise in 6+ pixels, spanning their box."""
     rng = np.random.default_rng(20261130)
     bank: list[np.ndarray] = []
     while len(bank) < count:
@@ -83,8 +73,7 @@ def stamp_glyph(image: np.ndarray, glyph: np.ndarray, top: int, left: int, scale
 
 def glyph_match(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, scale: int | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Two glyphs at opposite edges, drawn from the first ``glyphs`` of the bank: 1 if they are the same
-    glyph, else 0. With ``glyphs=2`` the label is the XOR of the two edges' identities."""
+    """Two glyphs at opposite edges, from the first ``glyphs`` of the bank: 1 if they are the same glyph, else 0."""
     check_canvas("glyph_match", size, scale)
     rng = np.random.default_rng([seed, 1])
     scale = default_scale(size) if scale is None else scale
@@ -106,8 +95,7 @@ def glyph_match(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, scale
 
 def glyph_count(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, max_count: int = 4,
                 scale: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """1 to ``max_count`` non-touching copies of one random glyph (per image, from the first ``glyphs`` of
-    the bank); label = count - 1."""
+    """1 to ``max_count`` non-touching copies of one random glyph; label = count - 1."""
     check_canvas("glyph_count", size, scale, max_count)
     rng = np.random.default_rng([seed, 2])
     scale = default_scale(size) if scale is None else scale
@@ -153,8 +141,7 @@ def _draw(size: int, points: list[tuple[float, float]], width: int, marker_ends:
 
 
 def path_link(num: int, size: int = 64, seed: int = 0, scale: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Two non-touching curves and two markers: 1 if the markers end the same curve, else 0.
-    ``scale``: the stroke width in pixels."""
+    """Two non-touching curves and two markers: 1 if the markers end the same curve, else 0."""
     check_canvas("path_link", size, scale)
     rng = np.random.default_rng([seed, 3])
     width = default_scale(size) if scale is None else scale

@@ -12,15 +12,9 @@ __all__ = ["ResumableSampler"]
 
 
 class ResumableSampler(Sampler[int]):
-    """Shuffled, rank-sharded sample indices, with an exact start point inside the epoch.
-
-    Epoch ``e`` uses the permutation drawn from a generator seeded with ``seed + e``, the same on
-    every rank, and rank ``r`` takes every ``num_replicas``-th index from position ``r``, as
-    :class:`torch.utils.data.DistributedSampler` does. With ``pad`` the permutation is extended by
-    repeating its head so all ranks get the same count (training); without it shards may differ
-    by one (evaluation, where every sample must count once). ``set_epoch(e, start)`` skips the
-    first ``start`` indices of this rank's shard: those a checkpoint records as consumed.
-    """
+    """Shuffled, rank-sharded sample indices with an exact start point inside the epoch: epoch ``e``'s permutation
+    is seeded ``seed + e`` and sharded as ``DistributedSampler`` does; ``pad`` repeats its head so all ranks get
+    the same count (training); ``set_epoch(e, start)`` skips the first ``start`` indices of this rank's shard."""
 
     def __init__(self, num_samples: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0,
                  pad: bool = True):
@@ -43,8 +37,7 @@ class ResumableSampler(Sampler[int]):
         """Use epoch ``epoch``'s permutation and skip the first ``start`` indices of this shard."""
         if not 0 <= start <= self.shard_size:
             raise ValueError(f"start must be in [0, {self.shard_size}], got {start}")
-        self.epoch = epoch
-        self.start = start
+        self.epoch, self.start = epoch, start
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:

@@ -1,8 +1,5 @@
-"""timm transforms, applied with random state that depends only on (seed, epoch, sample index).
-
-Seeding each sample's augmentation makes it independent of worker count, worker scheduling and
-where in an epoch a run resumed: the property exact resume needs.
-"""
+"""timm transforms, with random state fixed by (seed, epoch, sample index) alone, so that augmentation does not
+depend on the workers or on where a run resumed (exact resume)."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ __all__ = ["SeededTransformDataset", "build_transforms", "eval_data_config", "pr
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A seed in [0, 2**63) for one sample's augmentation, fixed by (run seed, epoch, index) alone, so
-    that it depends neither on the worker that loads the sample nor on where a run resumed."""
+    """A seed in [0, 2**63) for one sample's augmentation, fixed by (run seed, epoch, index) alone."""
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0]) % 2**63
 
 
@@ -44,10 +40,7 @@ class SeededTransformDataset(Dataset):
     """``transform(base[i])``; with a ``seed``, the transform's randomness is fixed by (seed, epoch, i)."""
 
     def __init__(self, base: Dataset, transform: Callable, seed: Optional[int] = None):
-        self.base = base
-        self.transform = transform
-        self.seed = seed
-        self.epoch = 0
+        self.base, self.transform, self.seed, self.epoch = base, transform, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next samples' augmentations from epoch ``epoch``'s stream."""
@@ -65,8 +58,7 @@ class SeededTransformDataset(Dataset):
 
 
 def precompute(dataset: Dataset) -> TensorDataset:
-    """Apply a deterministic transform to every sample once: (N, C, H, W) images and (N,) labels in memory,
-    for small in-memory data sets (mnist) without augmentation."""
+    """Apply a deterministic transform to every sample once: (N, C, H, W) images and (N,) labels in memory."""
     images, labels = zip(*(dataset[i] for i in range(len(dataset))))  # type: ignore[arg-type]
     return TensorDataset(torch.stack(images), torch.tensor(labels, dtype=torch.long))
 
@@ -76,9 +68,8 @@ def eval_data_config(pretrained_cfg: Optional[Mapping[str, Any]], *, in_chans: i
                      crop_pct: Optional[float] = None, crop_mode: Optional[str] = None,
                      mean: Optional[tuple[float, ...]] = None, std: Optional[tuple[float, ...]] = None
                      ) -> dict[str, Any]:
-    """The evaluation preprocessing, resolved by timm as ``timm/validate.py`` does: values given here, then
-    the model's ``pretrained_cfg``, then timm's defaults. Returns ``input_size``, ``interpolation``, ``mean``,
-    ``std``, ``crop_pct`` and ``crop_mode``."""
+    """The evaluation preprocessing resolved as ``timm/validate.py`` does: values given here, then the model's
+    ``pretrained_cfg``, then timm's defaults (``input_size``, ``interpolation``, ``mean``, ``std``, ``crop_*``)."""
     given = dict(in_chans=in_chans, img_size=img_size, interpolation=interpolation, crop_pct=crop_pct,
                  crop_mode=crop_mode, mean=mean, std=std)
     args = {key: value for key, value in given.items() if value is not None}
@@ -90,11 +81,7 @@ def build_transforms(img_size: int, mean: tuple[float, ...], std: tuple[float, .
                      auto_augment: Optional[str] = None, reprob: float = 0.0, interpolation: str = "bicubic",
                      crop_pct: float = 0.875, crop_mode: str = "center", no_aug: bool = False
                      ) -> tuple[Callable, Callable]:
-    """timm's ImageNet train and eval transforms: (train, val), both ending in normalised tensors.
-
-    The eval transform resizes to ``img_size / crop_pct`` (the shorter side for ``crop_mode`` "center",
-    both sides for "squash") and centre-crops ``img_size``. ``no_aug`` makes the train transform the eval one.
-    """
+    """timm's ImageNet (train, val) transforms, ending in normalised tensors; ``no_aug``: train = val."""
     val = create_transform(img_size, is_training=False, interpolation=interpolation, mean=mean, std=std,
                            crop_pct=crop_pct, crop_mode=crop_mode)
     if no_aug:
@@ -107,9 +94,8 @@ def build_transforms(img_size: int, mean: tuple[float, ...], std: tuple[float, .
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
-    """timm's posterize for every bit count its level mapping gives: timm's ``PosterizeIncreasing`` (in the
-    release's ``rand-m9-mstd0.5-inc1``) maps the top magnitude to 0 bits, which Pillow 13 refuses; 0 bits
-    gives a black image."""
+    """timm's posterize for every bit count: ``PosterizeIncreasing`` (in ``rand-m9-mstd0.5-inc1``) maps the top
+    magnitude to 0 bits, which Pillow 13 refuses; 0 bits give a black image."""
     if bits_to_keep >= 8:
         return img
     if bits_to_keep <= 0:

@@ -1,9 +1,5 @@
-"""Ship a trained classifier: timm's Hugging Face Hub layout, ONNX and ``torch.export`` (``.pt2``), all
-with dynamic batch and image sizes; ``weightformer export`` is the command line over these functions.
-
-The names are imported from their submodules on first use (PEP 562), so that ``weightformer export
---help`` imports neither torch nor onnx.
-"""
+"""Ship a trained classifier: timm's Hub layout, ONNX and ``torch.export`` (``.pt2``), with dynamic batch and image
+sizes (``weightformer export``). The names are imported on first use, so ``--help`` imports no torch."""
 
 from .. import _lazy_exports
 

@@ -1,6 +1,4 @@
-"""``weightformer export``: a checkpoint or a timm model's pretrained weights to the Hub layout, ONNX or
-``.pt2``. A thin layer over :mod:`weightformer.export`; errors and exit codes are those of
-:mod:`weightformer.engine.cli`. The exporters (torch, onnx) are imported once the arguments are parsed."""
+"""``weightformer export``: a checkpoint or timm's pretrained weights to the Hub layout, ONNX or ``.pt2``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""The Hugging Face Hub layout of timm: ``config.json`` (architecture, num_classes, model_args,
-pretrained_cfg with the preprocessing), ``model.safetensors`` and a model card, ``README.md``.
-
-timm writes the first two (:func:`timm.models.save_for_hf`); a folder made here loads with
-``timm.create_model("local-dir:FOLDER", pretrained=True)``, and once uploaded with
-``timm.create_model("hf-hub:ORG/NAME", pretrained=True)`` (after ``import weightformer``).
-
-It loads in transformers too, through its timm wrapper: ``AutoModelForImageClassification`` and
-``AutoImageProcessor.from_pretrained(FOLDER or ORG/NAME)``, after ``import weightformer`` (the wrapper
-builds the model with ``timm.create_model(architecture, num_classes=..., **model_args)``, and the
-WeightFormer architectures exist in timm's registry only once this package is imported). For that,
-config.json carries the class count at its root only (see :func:`_loadable_by_transformers`) and
-the class names at its root, where transformers reads its ``id2label``.
+"""timm's Hugging Face Hub layout: ``config.json`` and ``model.safetensors`` (timm's ``save_for_hf``) and a model
+card, ``README.md``. After ``import weightformer`` the folder loads with ``timm.create_model("local-dir:FOLDER",
+pretrained=True)`` (``hf-hub:ORG/NAME`` once uploaded) and in transformers' timm wrapper, for which config.json
+carries the class count and the class names at its root only.
 """
 
 from __future__ import annotations
@@ -86,20 +77,15 @@ def model_card(name: str, model: nn.Module, meta: Mapping[str, Any], run: Mappin
 def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | None = None,
           run: Mapping[str, Any] | None = None, command: str | None = None, repo_id: str | None = None,
           overwrite: bool = False) -> Path:
-    """Write ``model`` in timm's Hub layout into ``directory`` (config.json, model.safetensors, README.md).
-
-    ``meta``: what rebuilds it (a checkpoint's; default: the model's timm name and class count), its
-    preprocessing and class names going into the config. ``run``: the card's metrics and settings
-    (:func:`weightformer.export.source.run_summary`); ``command``: the command that made it. Written through
-    a temporary folder; an existing non-empty ``directory`` is replaced only with ``overwrite``.
-    """
+    """Write ``model`` in timm's Hub layout into ``directory``, through a temporary folder (an existing one is
+    replaced only with ``overwrite``). ``meta``: a checkpoint's (preprocessing and class names go into the
+    config); ``run``: the card's metrics and settings (:func:`~weightformer.export.source.run_summary`)."""
     directory = Path(directory)
     meta = dict(meta or {"model": model.pretrained_cfg["architecture"], "in_chans": getattr(model, "in_chans", 3)})
     model_config: dict[str, Any] = {}
     label_names = meta.get("classes")
     if not label_names and model.pretrained_cfg.get("num_classes") == model.num_classes:
-        # a model timm loaded from a Hub folder keeps them in its pretrained_cfg, where timm writes
-        # them back; transformers reads them at config.json's root only
+        # a model timm loaded from a Hub folder keeps them in its pretrained_cfg; transformers reads the root's
         label_names = model.pretrained_cfg.get("label_names")
     if label_names:
         model_config["label_names"] = label_names if isinstance(label_names, dict) else list(label_names)
@@ -114,9 +100,8 @@ def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | Non
 
 
 def _loadable_by_transformers(config_file: Path) -> None:
-    """Drop ``num_classes`` from the ``model_args`` of a config.json that timm wrote (timm reads the root's).
-    transformers' timm wrapper calls ``timm.create_model(architecture, num_classes=..., **model_args)``,
-    which a second ``num_classes`` in ``model_args`` stops with "got multiple values for keyword argument"."""
+    """Drop ``num_classes`` from a timm config.json's ``model_args``: transformers' timm wrapper passes the root's
+    to ``timm.create_model`` as well, which a second one stops ("got multiple values for keyword argument")."""
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config.get("model_args", {}).pop("num_classes", None)
     config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")  # indent as timm writes it

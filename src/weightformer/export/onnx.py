@@ -1,9 +1,5 @@
-"""ONNX export with a dynamic batch, height and width, checked in onnxruntime at more than one size.
-
-The dynamo exporter (``torch.onnx.export(dynamo=True)``) traces the model with ``torch.export``;
-WeightFormer's dynamic layers switch to their size-following traced forms while it does (see
-:mod:`weightformer.layers.dynamic_dwconv`), so one file serves every batch and image size.
-"""
+"""ONNX export (the dynamo exporter) with a dynamic batch, height and width, checked in onnxruntime at more than
+one size; WeightFormer's dynamic layers switch to size-following traced forms while it traces."""
 
 from __future__ import annotations
 
@@ -31,10 +27,8 @@ def _example(in_chans: int, size: Sequence[int], batch: int = 2) -> torch.Tensor
 
 
 def onnx_opsets() -> range:
-    """The ONNX opsets this torch.onnx can write, read off the installed libraries: torchlib's opset (18, at
-    which the dynamo exporter implements its operators) up to the maximum of onnxscript's version converter
-    (and ONNX's own). Outside it the exporter's fallback keeps its own opset or writes operators the opset
-    lacks."""
+    """The ONNX opsets this torch.onnx can write: torchlib's opset (18) up to the maximum of onnxscript's version
+    converter (and ONNX's own)."""
     import onnx.defs
     from torch.onnx._internal.exporter import _constants
 
@@ -64,8 +58,8 @@ def _written_opset(path: Path) -> int | None:
 
 
 def check_sizes(size: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(batch, height, width) the export is checked at: the example's, then two other batch sizes at
-    the shapes that 320×256 and 208×272 (an odd 13×17 token grid) are of 224×224."""
+    """(batch, height, width) the export is checked at: the example's, then two other batches at the shapes
+    320×256 and 208×272 (an odd 13×17 token grid) are of 224×224."""
     h, w = size
     return [(2, h, w), (1, h * 10 // 7, w * 8 // 7), (3, h * 13 // 14, w * 17 // 14)]
 
@@ -73,15 +67,10 @@ def check_sizes(size: Sequence[int]) -> list[tuple[int, int, int]]:
 def to_onnx(model: nn.Module, path: str | Path, in_chans: int = 3, img_size: int | Sequence[int] = 224,
             opset: int | None = None, overwrite: bool = False, check: bool = True,
             check_at: Iterable[Sequence[int]] | None = None, atol: float = 1e-4) -> dict[str, float]:
-    """Export ``model`` (eval mode) to ``path`` with dynamic batch, height and width axes.
-
-    Input ``images`` (B, in_chans, H, W), output ``logits``, traced at 2 × ``img_size``. With ``check``,
-    onnxruntime runs the file at that size and at the (batch, height, width) of ``check_at`` (default
-    :func:`check_sizes`) and the export fails unless every output is within ``atol`` of PyTorch's; returns
-    the largest difference at each size. Written atomically, never over a file unless ``overwrite``. An
-    ``opset`` outside :func:`onnx_opsets`, or an ``img_size`` the export cannot trace at
-    (:func:`weightformer.export.sizes.check_export_sizes`), is a ConfigError before any tracing.
-    """
+    """Export ``model`` (eval mode) to ``path``: input ``images`` (B, in_chans, H, W), output ``logits``, all dynamic,
+    traced at 2 × ``img_size``. With ``check``, onnxruntime must match PyTorch within ``atol`` at that size and
+    at ``check_at`` (default :func:`check_sizes`); returns the largest difference at each. A bad ``opset`` or
+    ``img_size`` is a ConfigError before any tracing."""
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     check_opset(opset)
     sizes = [tuple(s) for s in (check_at or check_sizes(size))]

@@ -19,9 +19,7 @@ __all__ = ["export_program", "load_pt2", "to_pt2"]
 
 def export_program(model: nn.Module, in_chans: int = 3, img_size: int | Sequence[int] = 224) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model`` in eval mode, traced at 2 × ``img_size`` with batch, height and width
-    left symbolic (``Dim.AUTO``: the ranges the model's own checks allow, e.g. at least 2×2 tokens).
-    An ``img_size`` it cannot be traced at (:func:`weightformer.export.sizes.check_export_sizes`: under
-    one patch, a tiny token grid, or a model that takes no other size) is a ConfigError first."""
+    ``Dim.AUTO``; an ``img_size`` it cannot be traced at is a ConfigError first."""
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     check_export_sizes(model, in_chans, size, check_sizes(size)[1:])
     with torch.no_grad():
@@ -31,9 +29,7 @@ def export_program(model: nn.Module, in_chans: int = 3, img_size: int | Sequence
 
 def to_pt2(model: nn.Module, path: str | Path, in_chans: int = 3, img_size: int | Sequence[int] = 224,
            aoti: bool = False, overwrite: bool = False) -> Path:
-    """Write ``model`` as a ``.pt2`` ExportedProgram (``torch.export.load(path).module()`` runs it), or,
-    with ``aoti``, as an AOTInductor package of compiled code (``torch._inductor.aoti_load_package``).
-    Written atomically, never over an existing file unless ``overwrite``."""
+    """Write ``model`` as a ``.pt2`` ExportedProgram, or with ``aoti`` an AOTInductor package, atomically."""
     program = export_program(model, in_chans, img_size)
     path = Path(path)
     with output_file(path, overwrite) as tmp:

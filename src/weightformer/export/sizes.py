@@ -1,11 +1,6 @@
-"""The image sizes an export may be traced at, checked before any tracing.
-
-An export (ONNX or ``.pt2``) traces the model at one example size and keeps batch, height and width
-symbolic, which holds only when the model takes the example at all
-(:func:`weightformer.classification.model.check_input_size`), its last feature map is not tiny (tracers
-specialise a side of 1, and WeightFormer's 2×2 pooling takes other code paths under 4×4 tokens: at least
-:func:`min_export_side` pixels), and the model takes other sizes too (a ViT with fixed position
-embeddings does not), which an eager forward at the sizes the export serves shows.
+"""The image sizes an export may be traced at, checked before any tracing: the model must take the example, its
+last feature map must not be tiny (tracers specialise a side of 1, and WeightFormer's 2×2 pooling takes other
+paths under 4×4 tokens), and it must take the other sizes the export serves.
 """
 
 from __future__ import annotations
@@ -31,9 +26,8 @@ def _reduction(model: nn.Module) -> Optional[int]:
 
 
 def min_export_side(model: nn.Module) -> Optional[int]:
-    """The smallest example side in pixels that an export of ``model`` may be traced at (None: unknown):
-    a last feature map of at least 4×4 tokens for a model with WeightFormer's dynamic layers, 2×2 for
-    any other (see the module docstring)."""
+    """The smallest example side an export of ``model`` may be traced at (None: unknown): 4×4 tokens for a model
+    with WeightFormer's dynamic layers, 2×2 for any other."""
     from ..layers import DynamicDWConv, DynamicLinear
 
     reduction = _reduction(model)
@@ -50,9 +44,8 @@ def _name(model: nn.Module) -> str:
 
 def check_export_sizes(model: nn.Module, in_chans: int, size: Sequence[int],
                        others: Iterable[Sequence[int]] = ()) -> None:
-    """ConfigError, before any tracing, unless ``model`` can be exported from an example of ``size``
-    (height, width) and serve the (batch, height, width) of ``others`` (the sizes the export is
-    checked at). Leaves the model in eval mode."""
+    """ConfigError unless ``model`` can be exported from an example of ``size`` (height, width) and serve the
+    (batch, height, width) of ``others``. Leaves the model in eval mode."""
     from ..classification.model import check_input_size
 
     h, w = size

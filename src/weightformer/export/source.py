@@ -1,6 +1,4 @@
-"""What the exports need to know about the classifier they ship (from
-:func:`weightformer.engine.load_model`), beyond the model itself: the side it was trained at, and the
-run that made it (for the model card)."""
+"""What the exports need to know about a loaded classifier beyond the model: its trained side and its run."""
 
 from __future__ import annotations
 
@@ -21,8 +19,8 @@ def trained_size(loaded: LoadedModel) -> int:
 
 
 def run_summary(loaded: LoadedModel) -> dict[str, Any]:
-    """What the model card says about the run: its best validation metrics (from the run folder's
-    ``metrics.jsonl`` when it sits beside the checkpoint, else from the checkpoint) and its settings."""
+    """The run's best validation metrics (from ``metrics.jsonl`` beside the checkpoint, else the checkpoint's)
+    and settings, for the model card."""
     ckpt = loaded.checkpoint
     metrics = {k[len("val_"):]: v for k, v in ckpt.items() if k.startswith("val_")}
     epoch = ckpt.get("epoch")

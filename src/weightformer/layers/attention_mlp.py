@@ -1,10 +1,8 @@
-"""Softmax attention read as a two-layer MLP whose weights are predicted from the input.
+"""Softmax attention read as a two-layer MLP whose weights are predicted from the input:
 
     Attention(Q, K, V) = softmax(Q·Kᵀ·s)·V = MLP(Q; W₁ = s·Kᵀ, W₂ = V, act = softmax)
 
-The first layer's weight W₁ = s·Kᵀ ∈ R^{d×N} and the second's W₂ = V ∈ R^{N×d} are built from the
-tokens, and the hidden width is N: that hidden layer is where attention's O(N²) cost lives.
-WeightFormer keeps the input-predicted weights but makes their size independent of N.
+The hidden width is N: that is where attention's O(N²) cost lives. WeightFormer's predicted weights do not grow with N.
 """
 
 
@@ -15,11 +13,8 @@ __all__ = ["attention_as_mlp"]
 
 
 def attention_as_mlp(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
-    """Compute softmax attention as an MLP applied to q with dynamic weights Kᵀ and V.
-
-    Shapes: q (..., Nq, d), k (..., N, d), v (..., N, dv) -> (..., Nq, dv). ``scale`` defaults
-    to d^-1/2, as in ``torch.nn.functional.scaled_dot_product_attention``.
-    """
+    """Softmax attention as an MLP on q with dynamic weights Kᵀ and V: q (..., Nq, d), k (..., N, d),
+    v (..., N, dv) -> (..., Nq, dv); ``scale`` defaults to d^-1/2."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     first_weight = k.transpose(-2, -1) * scale  # (..., d, N): layer 1, predicted from the input
     second_weight = v  # (..., N, dv): layer 2, predicted from the input

@@ -1,26 +1,17 @@
 """Dynamic depthwise convolution: a K×K depthwise kernel predicted per sample and per channel.
 
-Each predictor maps a sample's feature map X ∈ R^{C×H×W} to ΔK ∈ R^{C×K×K};
-:class:`DynamicDWConv` normalises it per channel and adds the static kernel. With P_K(X) the
-adaptive average pool of X to K×K and ḡ = mean(X) ∈ R^C:
+Each predictor maps a sample's X ∈ R^{C×H×W} to ΔK ∈ R^{C×K×K}; :class:`DynamicDWConv` normalises it per channel
+and adds the static kernel. With P_K(X) the adaptive average pool of X to K×K and ḡ = mean(X) ∈ R^C:
 
-- ``adaptive`` (spatially adaptive prediction, the paper's default):
-  ΔK = W₂ ∗ GELU(W₁ ∗ P_K(X) + b₁), W₁ and W₂ 1×1 convolutions (W₂ without bias).
-- ``gap``: the kernel's shape is learned, only its gain is predicted from the global average,
-  ΔK_c = h_c · U_c with h = GELU(W₁ḡ + b₁) and U ∈ R^{C×K×K} a learned kernel bank.
-- ``amp_dir`` (decoupled amplitude and direction): the direction comes from the adaptive branch,
-  the amplitude from the global average, ΔK_c = a_c · D_c / ‖D_c‖ with D the ``adaptive`` output
-  and a = W_a·GELU(W₁ḡ + b₁) + b_a.
-- ``conv``: like ``adaptive`` with spatial mixing inside the predictor, W₁ a 3×3 depthwise
-  convolution (zero padding) followed by a 1×1 convolution.
+- ``adaptive`` (the paper's default): ΔK = W₂ ∗ GELU(W₁ ∗ P_K(X) + b₁), W₁, W₂ 1×1 convs (W₂ without bias).
+- ``gap``: ΔK_c = h_c · U_c, h = GELU(W₁ḡ + b₁), U ∈ R^{C×K×K} a learned kernel bank.
+- ``amp_dir``: ΔK_c = a_c · D_c / ‖D_c‖, D the ``adaptive`` output, a = W_a·GELU(W₁ḡ + b₁) + b_a.
+- ``conv``: ``adaptive`` with W₁ a 3×3 depthwise conv (zero padding) followed by a 1×1 conv.
 
-Traced forms. In eager mode the per-sample kernels run as one grouped convolution with B·C groups
-and P_K is ``F.adaptive_avg_pool2d``; neither survives tracing with symbolic sizes (ONNX ``Conv``
-takes its group count as a constant, an exported adaptive pool keeps the example's bins). While
-``torch.compile`` or ``torch.export`` (and so the ONNX exporter) traces the layer, it runs the same
-arithmetic as K² shifted, per-sample-scaled copies of the input (:func:`per_sample_depthwise_conv_taps`)
-and two averaging matrices built from the input size (:func:`adaptive_avg_pool_matrices`), equal to
-the eager forms up to float rounding (tested).
+Eager mode runs one grouped conv with B·C groups and ``F.adaptive_avg_pool2d``, which do not trace with symbolic
+sizes; under ``torch.compile``/``torch.export`` the same arithmetic runs as K² shifted, per-sample-scaled copies
+of the input (:func:`per_sample_depthwise_conv_taps`) and size-following averaging matrices
+(:func:`adaptive_avg_pool_matrices`), equal up to float rounding.
 """
 
 
@@ -37,12 +28,10 @@ __all__ = ["DWCONV_PREDICTORS", "adaptive_avg_pool", "adaptive_avg_pool_matrices
 
 
 def adaptive_avg_pool_matrices(x: Tensor, size: int) -> Tensor:
-    """``F.adaptive_avg_pool2d(x, size)`` as A_H · X · A_Wᵀ, A_n (size, n) averaging PyTorch's bins: bin i of a
-    side n covers [⌊i·n/size⌋, ⌈(i+1)·n/size⌉). Built from the input's shape, so a traced graph pools any
-    size correctly. Shapes (B, C, H, W) -> (B, C, size, size)."""
+    """``F.adaptive_avg_pool2d(x, size)`` as A_H · X · A_Wᵀ, A_n (size, n) averaging bin i = [⌊i·n/size⌋,
+    ⌈(i+1)·n/size⌉), built from the input's shape. (B, C, H, W) -> (B, C, size, size)."""
     H, W = x.shape[-2], x.shape[-1]
-    rows = _bin_average_matrix(H, size, x)  # (size, H)
-    cols = _bin_average_matrix(W, size, x)  # (size, W)
+    rows, cols = _bin_average_matrix(H, size, x), _bin_average_matrix(W, size, x)  # (size, H), (size, W)
     return torch.matmul(torch.matmul(rows, x), cols.t())  # (B, C, size, W) -> (B, C, size, size)
 
 
@@ -57,8 +46,7 @@ def _bin_average_matrix(n: int, size: int, like: Tensor) -> Tensor:
 
 
 def adaptive_avg_pool(x: Tensor, size: int) -> Tensor:
-    """Adaptive average pooling to size×size: ``F.adaptive_avg_pool2d`` in eager mode, the
-    size-following :func:`adaptive_avg_pool_matrices` while torch.compile or torch.export traces."""
+    """``F.adaptive_avg_pool2d`` in eager mode, :func:`adaptive_avg_pool_matrices` while torch.compile traces."""
     if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
         if torch.compiler.is_compiling():
             return adaptive_avg_pool_matrices(x, size)
@@ -66,10 +54,9 @@ def adaptive_avg_pool(x: Tensor, size: int) -> Tensor:
 
 
 def per_sample_depthwise_conv_taps(x: Tensor, kernel: Tensor, bias: Tensor) -> Tensor:
-    """Depthwise convolution with one K×K kernel per sample and channel, "same" zero padding, as a sum of K²
-    shifted copies of the input: y = b + Σ_ij K[:, :, i, j] · pad(X)[:, :, i:i+H, j:j+W]. No group count, so
-    every size can stay symbolic. Channels-last, as the blocks hold their tokens.
-    Shapes: x (B, C, H, W), kernel (B, C, K, K), bias (C,) -> (B, C, H, W)."""
+    """Per-sample depthwise conv, "same" zero padding, as K² shifted copies: y = b + Σ_ij K[:, :, i, j] ·
+    pad(X)[:, :, i:i+H, j:j+W]; no group count, so sizes stay symbolic. x (B, C, H, W), kernel (B, C, K, K),
+    bias (C,) -> (B, C, H, W), channels-last."""
     K = kernel.shape[-1]
     H, W = x.shape[-2], x.shape[-1]
     padded = F.pad(x.permute(0, 2, 3, 1), (0, 0, K // 2, K // 2, K // 2, K // 2))  # (B, H+K-1, W+K-1, C)
@@ -111,7 +98,7 @@ class GapKernelPredictor(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The kernel bank U: truncated normal, std 0.02 (fc1 is a plain ``nn.Linear``)."""
+        """The kernel bank U: truncated normal, std 0.02."""
         trunc_normal_(self.bank, std=0.02)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
@@ -155,11 +142,8 @@ class ConvKernelPredictor(nn.Module):
 
 
 class DynamicDWConv(DynamicWeightLayer):
-    """Depthwise convolution with a per-sample kernel, y = (K + ΔK̂(X)) ∗ X + b, "same" padding.
-
-    ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel c; ΔK comes from a predictor (module docstring). Shapes
-    (B, C, H, W) -> (B, C, H, W), like the ``nn.Conv2d(C, C, K, padding=K // 2, groups=C)`` it replaces; K odd.
-    """
+    """Depthwise conv with a per-sample kernel, y = (K + ΔK̂(X)) ∗ X + b, "same" padding, K odd;
+    ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel. (B, C, H, W) -> (B, C, H, W)."""
 
     def __init__(self, dim: int, kernel_size: int = 3, predictor: str = "adaptive", device=None, dtype=None):
         if kernel_size < 1 or kernel_size % 2 == 0:
@@ -182,10 +166,8 @@ class DynamicDWConv(DynamicWeightLayer):
         if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
             if torch.compiler.is_compiling():  # sizes stay symbolic: no B·C group count (module docstring)
                 return per_sample_depthwise_conv_taps(x, kernel, self.bias)
-        # Fold the batch into the channels, channels-last: (H, W, B, C) -> one grouped conv with B·C
-        # groups gives every sample its own kernels. For a channels-last x (a permuted token grid) the
-        # fold is a view when B == 1 and one copy otherwise; an NCHW fold would send mkldnn down its
-        # slow planar path.
+        # Batch folded into the channels, channels-last (an NCHW fold sends mkldnn down its slow planar path):
+        # one grouped conv with B·C groups gives every sample its own kernels.
         folded = x.permute(2, 3, 0, 1).reshape(1, H, W, B * C).permute(0, 3, 1, 2)  # (1, B·C, H, W)
         out = F.conv2d(folded, kernel.reshape(B * C, 1, K, K), self.bias.to(x.dtype).repeat(B), padding=K // 2,
                        groups=B * C)  # (1, B·C, H, W), channels-last

@@ -28,13 +28,9 @@ def register_predictor(kind: str, name: str) -> Callable[[type], type]:
 
 
 class DynamicWeightLayer(nn.Module):
-    """Base of :class:`DynamicLinear` and :class:`DynamicDWConv`.
-
-    Holds the static ``weight`` (``weight_shape``) and ``bias`` (``bias_size``), both initialised as
-    in the release (truncated normal, std 0.02), and ``predictor = predictors[predictor](*predictor_args)``.
-    ``forward`` runs the subclass's ``forward_fast``, or, when ``use_reference`` is set, its
-    ``forward_reference`` (the paper's pseudocode, the baseline for speed-ups); subclasses define both.
-    """
+    """Base of :class:`DynamicLinear` and :class:`DynamicDWConv`: the static ``weight`` and ``bias``, ``predictor =
+    predictors[predictor](*predictor_args)``, and ``forward`` running the subclass's ``forward_fast``, or its
+    ``forward_reference`` (the paper's pseudocode) when ``use_reference`` is set."""
 
     def __init__(self, kind: str, predictors: Dict[str, type], predictor: str, predictor_args: Tuple[int, ...],
                  weight_shape: Sequence[int], bias_size: int, device=None, dtype=None):

@@ -1,22 +1,16 @@
 """Dynamic linear layer: a linear map whose weight is predicted from the tokens it is applied to.
 
-All predictors below share one template. Let X ∈ R^{N×C} be a sample's tokens on an H×W grid,
-X̄ ∈ R^{N'×C} the tokens after 2×2 average pooling (see :func:`pool_2x2`), r the reduction (4), and
-s = C^-1/2 / N, with N = H·W the full token count (not N'), as in the release. A linear projection
-P = X̄·W_p + b_p is split into P_in ∈ R^{N'×C/r} and P_out ∈ R^{N'×O/r}; the bases U_in ∈ R^{C/r×C}
-and U_out ∈ R^{O/r×O} lift them back to full width.
-Each predictor returns ΔW ∈ R^{C×O}, stored transposed as ΔWᵀ (O, C) like ``nn.Linear.weight``;
-:class:`DynamicLinear` then normalises it and adds it to the static weight. The predictors differ
-only in where the non-linearity sits:
+X ∈ R^{N×C} a sample's tokens on an H×W grid, X̄ ∈ R^{N'×C} after 2×2 average pooling (:func:`pool_2x2`),
+r the reduction (4), s = C^-1/2 / N with N = H·W (not N'), as in the release. P = X̄·W_p + b_p splits into
+P_in ∈ R^{N'×C/r} and P_out ∈ R^{N'×O/r}; bases U_in ∈ R^{C/r×C}, U_out ∈ R^{O/r×O}. Each predictor returns
+ΔW ∈ R^{C×O} stored as ΔWᵀ (O, C), like ``nn.Linear.weight``; :class:`DynamicLinear` normalises it and adds
+the static weight. σ = SiLU.
 
-- ``bilateral`` (the paper's default): ΔW = (σ(P_in)·U_in)ᵀ · (σ(P_out)·U_out) · s, σ = SiLU.
-- ``linear``: no activation, ΔW = (P_in·U_in)ᵀ · (P_out·U_out) · s.
-- ``nonlinear``: the activation acts once, on the aggregated core,
-  ΔW = U_inᵀ · σ(P_inᵀ·P_out · s) · U_out.
-- ``deep``: bilateral with a two-layer token projection, P = GELU(X̄·W_h + b_h)·W_p + b_p
-  (hidden width C).
-- ``gap``: bilateral applied to the single global-average token ḡ = mean(X) (N' = 1, s = C^-1/2),
-  a rank-one ΔW = (σ(p_in)·U_in)ᵀ (σ(p_out)·U_out) · s.
+- ``bilateral`` (the paper's default): ΔW = (σ(P_in)·U_in)ᵀ · (σ(P_out)·U_out) · s.
+- ``linear``: ΔW = (P_in·U_in)ᵀ · (P_out·U_out) · s.
+- ``nonlinear``: ΔW = U_inᵀ · σ(P_inᵀ·P_out · s) · U_out.
+- ``deep``: bilateral with P = GELU(X̄·W_h + b_h)·W_p + b_p (hidden width C).
+- ``gap``: bilateral on the single token ḡ = mean(X) (N' = 1, s = C^-1/2), a rank-one ΔW.
 """
 
 
@@ -61,18 +55,15 @@ def add_normalised_rows(weight: Tensor, delta: Tensor) -> Tensor:
 
 
 def pool_2x2(x: Tensor) -> Tensor:
-    """Average-pool a token grid 2×2 as the release's ``AvgPool2d(2)``: (B, H, W, C) -> (B, N', C).
-
-    N' = ⌊H/2⌋·⌊W/2⌋: an odd side's last row or column is left out (it still counts in the 1/N
-    scale). A side of 1, which the release cannot pool, is kept (window 1 along it)."""
+    """Average-pool a token grid 2×2 as the release's ``AvgPool2d(2)``: (B, H, W, C) -> (B, N', C), N' = ⌊H/2⌋·⌊W/2⌋
+    (an odd side's last row is left out); a side of 1 is kept (window 1 along it)."""
     B, H, W, C = x.shape
     pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), pool_2x2_window(H, W))  # (B, C, H', W')
     return pooled.flatten(2).transpose(1, 2)  # (B, N', C)
 
 
 def pool_2x2_window(H: int, W: int) -> tuple[int, int]:
-    """The window :func:`pool_2x2` pools an H×W grid with: 2×2, or 1 along a side of 1. The pooled grid is
-    ⌊H / window⌋ × ⌊W / window⌋, row-major in the pooled tokens."""
+    """The window :func:`pool_2x2` pools an H×W grid with: 2×2, or 1 along a side of 1."""
     return min(H, 2), min(W, 2)
 
 
@@ -101,23 +92,24 @@ class _LowRankPredictor(nn.Module):
         _LowRankPredictor.reset_parameters(self)
 
     def reset_parameters(self) -> None:
-        """W_p, U_in and U_out as in the release: truncated normal (std 0.02), zero bias. A subclass that adds
-        parameters calls this and then sets its own, in its ``__init__`` as well."""
+        """W_p, U_in and U_out as in the release: truncated normal (std 0.02), zero bias."""
         reset_linear(self.proj)
         trunc_normal_(self.in_basis, std=0.02)
         trunc_normal_(self.out_basis, std=0.02)
 
     def expand(self, core: Tensor) -> Tensor:
-        """Lift a low-rank core (B, C/r, O/r) to ΔWᵀ = (U_inᵀ·core·U_out)ᵀ (B, O, C). Lifting the O side first
-        costs C·O·C/r + C/r·O/r·O multiply-adds per sample, four times fewer than the other order at 4× width."""
+        """Lift a low-rank core (B, C/r, O/r) to ΔWᵀ = (U_inᵀ·core·U_out)ᵀ (B, O, C), the O side first (cheaper)."""
         lifted_out = torch.matmul(core, self.out_basis)  # (B, C/r, O)
         return torch.matmul(lifted_out.transpose(1, 2), self.in_basis)  # (B, O, C)
 
     def bilateral_core(self, p: Tensor, scale: float) -> Tensor:
-        """The core σ(P_in)ᵀσ(P_out)·scale (B, C/r, O/r) of ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·scale, for P
-        (B, N', C/r + O/r): N'·C·O/r² multiply-adds instead of N'·C·O. ``torch.bmm``, not ``matmul``, whose
-        traced decomposition records a batch-size condition that makes an exported program refuse batch 1."""
-        p_in, p_out = torch.split(F.silu(p), [self.in_rank, self.out_rank], dim=-1)
+        """The core σ(P_in)ᵀσ(P_out)·scale (B, C/r, O/r) of P (B, N', C/r + O/r); ``torch.bmm``, as a traced
+        ``matmul`` records a batch-size condition that makes an exported program refuse batch 1."""
+        return self.plain_core(F.silu(p), scale)
+
+    def plain_core(self, p: Tensor, scale: float) -> Tensor:
+        """P_inᵀ·P_out·scale (B, C/r, O/r) of P (B, N', C/r + O/r)."""
+        p_in, p_out = torch.split(p, [self.in_rank, self.out_rank], dim=-1)
         return torch.bmm(p_in.transpose(1, 2), p_out) * scale
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
@@ -133,8 +125,7 @@ class BilateralPredictor(_LowRankPredictor):
     """Bilateral activation: ΔW = (σ(P_in)·U_in)ᵀ(σ(P_out)·U_out)·C^-1/2/N, P from 2×2-pooled tokens."""
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
-        num_tokens = x.shape[1] * x.shape[2]
-        return self.bilateral_core(self.proj(pool_2x2(x)), self.scale / num_tokens)
+        return self.bilateral_core(self.proj(pool_2x2(x)), self.scale / (x.shape[1] * x.shape[2]))
 
 
 @register_predictor("linear", "linear")
@@ -142,9 +133,7 @@ class LinearPredictor(_LowRankPredictor):
     """Linear prediction: ΔW = (P_in·U_in)ᵀ(P_out·U_out)·C^-1/2/N, no activation."""
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
-        num_tokens = x.shape[1] * x.shape[2]
-        p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
-        return torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens)
+        return self.plain_core(self.proj(pool_2x2(x)), self.scale / (x.shape[1] * x.shape[2]))
 
 
 @register_predictor("linear", "nonlinear")
@@ -152,9 +141,7 @@ class NonlinearPredictor(_LowRankPredictor):
     """Non-linear prediction: ΔW = U_inᵀ·σ(P_inᵀP_out·C^-1/2/N)·U_out, one activation on the core."""
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
-        num_tokens = x.shape[1] * x.shape[2]
-        p_in, p_out = torch.split(self.proj(pool_2x2(x)), [self.in_rank, self.out_rank], dim=-1)
-        return F.silu(torch.bmm(p_in.transpose(1, 2), p_out) * (self.scale / num_tokens))
+        return F.silu(self.plain_core(self.proj(pool_2x2(x)), self.scale / (x.shape[1] * x.shape[2])))
 
 
 @register_predictor("linear", "deep")
@@ -167,14 +154,12 @@ class DeepPredictor(_LowRankPredictor):
         reset_linear(self.hidden)
 
     def reset_parameters(self) -> None:
-        """W_p, U_in, U_out as the release, then the hidden layer W_h (truncated normal 0.02, zero bias)."""
+        """W_p, U_in, U_out as the release, then the hidden layer W_h."""
         super().reset_parameters()
         reset_linear(self.hidden)
 
     def core(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, C/r, O/r)
-        num_tokens = x.shape[1] * x.shape[2]
-        p = self.proj(F.gelu(self.hidden(pool_2x2(x))))
-        return self.bilateral_core(p, self.scale / num_tokens)
+        return self.bilateral_core(self.proj(F.gelu(self.hidden(pool_2x2(x)))), self.scale / (x.shape[1] * x.shape[2]))
 
 
 @register_predictor("linear", "gap")
@@ -187,11 +172,8 @@ class GapPredictor(_LowRankPredictor):
 
 
 class DynamicLinear(DynamicWeightLayer):
-    """Linear layer with an input-dependent weight, y = X·(W + ΔŴ(X)) + b.
-
-    ΔŴ = ΔW / (‖ΔW‖₂ + 1), the norm over the input dimension of each output column. ΔW (module docstring)
-    is C×O whatever the token count N, so the layer costs O(N). x (B, H, W, C) -> (B, H, W, O), the grid
-    needed for the 2×2 pooling; the static ``weight`` is (O, C), like ``nn.Linear``'s."""
+    """Linear layer with an input-dependent weight, y = X·(W + ΔŴ(X)) + b, ΔŴ = ΔW / (‖ΔW‖₂ + 1) (norm over the
+    input dim of each output column); ΔW is C×O for any N, so the layer costs O(N). (B, H, W, C) -> (B, H, W, O)."""
 
     def __init__(self, in_features: int, out_features: int | None = None, predictor: str = "bilateral",
                  reduction: int = 4, device=None, dtype=None):
@@ -208,17 +190,14 @@ class DynamicLinear(DynamicWeightLayer):
         C = x.shape[-1]
         if C != self.in_features:
             raise ValueError(f"DynamicLinear expected {self.in_features} input features, got {C}")
-        # ΔWᵀ keeps each output column contiguous, so the column norm is a contiguous reduction and
-        # the static weight (O, C) adds without a transpose.
         delta_t = self.predictor(x)  # (B, O, C)
         if torch.jit.is_scripting():  # TorchScript cannot call autograd Functions
             return self.weight + delta_t / (torch.linalg.vector_norm(delta_t, dim=-1, keepdim=True) + 1.0)
         return add_normalised_rows(self.weight, delta_t)  # (B, O, C)
 
     def applies_low_rank(self, num_tokens: int) -> bool:
-        """Whether ``forward_fast`` takes :meth:`forward_low_rank` for ``num_tokens`` tokens: eager, a predictor
-        whose ΔW is U_inᵀ·core·U_out, no hook on it (the analysis tools read ΔW through one), and fewer
-        multiply-adds than forming the C×O weight, N·C/r·(C + O) < C·O·C/r, i.e. N < C·O/(C + O)."""
+        """Whether ``forward_fast`` takes :meth:`forward_low_rank`: eager, ΔW = U_inᵀ·core·U_out, no hook on the
+        predictor, and fewer multiply-adds than forming the C×O weight: N < C·O/(C + O)."""
         if torch.jit.is_scripting() or torch.compiler.is_compiling():  # traced graphs keep one form for every size
             return False
         predictor_forward = type(self.predictor).forward
@@ -226,9 +205,8 @@ class DynamicLinear(DynamicWeightLayer):
             self.in_features + self.out_features) < self.in_features * self.out_features
 
     def forward_low_rank(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> (B, H, W, O)
-        """y = X·Wᵀ + b + ((X·U_inᵀ)·L)·diag(1/(‖ΔWᵀ_o‖+1)) with L = core·U_out (B, C/r, O), so that
-        ΔWᵀ = Lᵀ·U_in is never formed. Its row norms come from the Gram matrix G = U_in·U_inᵀ,
-        ‖ΔWᵀ_o‖² = L_oᵀ·G·L_o. The same function as the dense form, re-associated."""
+        """y = X·Wᵀ + b + ((X·U_inᵀ)·L)·diag(1/(‖ΔWᵀ_o‖+1)), L = core·U_out (B, C/r, O), ΔWᵀ = Lᵀ·U_in never
+        formed: ‖ΔWᵀ_o‖² = L_oᵀ·G·L_o with G = U_in·U_inᵀ."""
         B, H, W, C = x.shape
         predictor = self.predictor
         lifted = torch.matmul(predictor.core(x), predictor.out_basis)  # (B, C/r, O)
@@ -247,8 +225,7 @@ class DynamicLinear(DynamicWeightLayer):
             if C == self.in_features and self.applies_low_rank(H * W):
                 return self.forward_low_rank(x)
         weight_t = self.dynamic_weight(x)  # (B, O, C)
-        # One batched GEMM with the static weight folded in: y = b + X·(W + ΔŴ)ᵀ; BLAS reads the
-        # transposed operand in place.
+        # One batched GEMM with the static weight folded in: y = b + X·(W + ΔŴ)ᵀ.
         out = torch.baddbmm(self.bias, x.reshape(B, H * W, C), weight_t.transpose(1, 2))  # (B, N, O)
         return out.reshape(B, H, W, self.out_features)
 

@@ -1,9 +1,6 @@
-"""GELU (exact or tanh-approximated) followed by a linear layer, keeping only the GELU's input for the backward pass.
-
-Autograd would keep both the GELU's input (for its own backward) and its output (for the linear
-layer's weight gradient): two tensors of the MLP's 4× width per block, the largest activations of
-the network. Recomputing GELU(h) in the backward pass costs one element-wise pass and halves that
-memory; the gradients are bit-for-bit those of ``F.linear(F.gelu(h), W, b)``.
+"""GELU (exact or tanh) followed by a linear layer, saving only the GELU's input for backward: autograd would
+keep its input and output, two tensors of the MLP's 4× width per block. Recomputing GELU(h) in backward costs
+one element-wise pass; the gradients are bit-for-bit those of ``F.linear(F.gelu(h), W, b)``.
 """
 
 import torch
@@ -37,12 +34,8 @@ class _GeluLinear(torch.autograd.Function):
 
 @register_notrace_function
 def gelu_linear(hidden: Tensor, weight: Tensor, bias: Tensor, consume: bool = False, approximate: str = "none") -> Tensor:
-    """``F.linear(F.gelu(hidden, approximate=approximate), weight, bias)`` that saves ``hidden`` only.
-    Shapes (..., in) -> (..., out). ``approximate`` is ``nn.GELU``'s: "none" (exact) or "tanh".
-
-    With ``consume=True`` and no gradient needed, the activation is computed in place in ``hidden``
-    (which the caller must not read afterwards), sparing a tensor of the MLP's full width.
-    """
+    """``F.linear(F.gelu(hidden, approximate=approximate), weight, bias)`` saving ``hidden`` only, (..., in) ->
+    (..., out). ``consume=True`` without gradients computes the activation in place in ``hidden``."""
     if torch.jit.is_scripting():
         return F.linear(F.gelu(hidden, approximate=approximate), weight, bias)  # TorchScript cannot call autograd Functions
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad):

@@ -1,10 +1,6 @@
-"""What the models' memory-saving inference paths share: when they may run, and how big a chunk is.
-
-Without gradients a block need not keep its MLP's hidden activations (4× a token's width) for the
-whole grid, nor make a new tensor for every residual addition: the blocks of
-:mod:`weightformer.models.weightformer` and :mod:`weightformer.generation.model` run their MLP over
-chunks of tokens whose hidden activations take about :data:`MLP_CHUNK_BYTES` and add into the
-residual stream in place. The arithmetic is the plain path's, token by token (tested against it).
+"""What the models' memory-saving inference paths share: when they may run, and how big a chunk is. Without
+gradients a block runs its MLP over chunks of tokens whose hidden activations take about :data:`MLP_CHUNK_BYTES`
+and adds into the residual stream in place; the arithmetic is the plain path's, token by token.
 """
 
 import torch
@@ -18,17 +14,14 @@ MLP_CHUNK_BYTES = 4 * 2**20
 
 
 def tokens_per_chunk(sample_tokens: int, hidden_width: int, element_size: int, rows: int) -> int:
-    """How many of ``rows`` tokens one chunk of an MLP with a ``hidden_width``-wide hidden layer takes: all
-    of them when one sample's hidden activations fit in :data:`MLP_CHUNK_BYTES` (chunking is for large
-    images, where a sample's MLP dominates the peak; small images would only pay for more, smaller ops)."""
+    """How many of ``rows`` tokens one chunk of a ``hidden_width`` MLP takes: all of them when one sample's hidden
+    activations fit in :data:`MLP_CHUNK_BYTES` (chunking is for large images)."""
     step = max(1, MLP_CHUNK_BYTES // (hidden_width * element_size))
     return rows if sample_tokens <= step else step
 
 
 def eager_inference() -> bool:
-    """Whether the in-place, chunked inference path may run: no gradient is being recorded and nothing
-    traces the model (TorchScript, torch.jit.trace, torch.fx, torch.compile or torch.export), which
-    need the plain graph."""
+    """Whether the in-place, chunked inference path may run: no gradient recorded and nothing tracing the model."""
     if torch.is_grad_enabled() or torch.jit.is_scripting() or torch.jit.is_tracing():
         return False
     return not (torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing())

@@ -1,46 +1,22 @@
 """Predictors that carry relations between distant tokens into ΔW / ΔK, at O(N) cost.
 
-Two things keep the released ``bilateral`` predictor from carrying a few distant tokens into ΔW:
+The released ``bilateral`` predictor cannot: (1) scale: every factor of ΔW = U_inᵀ·core·U_out starts at std 0.02
+and the core is a mean over tokens, so ΔW's columns are about 1e-5 long against the static weight's 0.16 (a
+saddle at zero; docs/analysis.md); (2) dilution: core = Σ_t σ(p_in,t)ᵀσ(p_out,t) / N, so a few informative tokens
+must beat the background's constant outer product. The linear predictors below fix (1) alike: the core is divided
+by its RMS and multiplied by a learned gain g₀ = 0.3 / (0.02²·√(C/r·O/r·C)), so ΔW's columns start about 0.3
+long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-6). They differ in aggregation:
 
-1. Scale. ΔW = U_inᵀ·core·U_out with every factor initialised at std 0.02 and the core averaged
-   over tokens: at init its columns are about 1e-5 long against the static weight's 0.16 (after
-   training on the probes too: docs/analysis.md). The layer behaves as a static one, and the gradient
-   that would grow ΔW is as small as ΔW's factors (a saddle at zero).
-2. Dilution. core = Σ_t σ(p_in,t)ᵀσ(p_out,t) / N: a few informative tokens (two glyphs in 144) must
-   beat the background's constant outer product N to a few.
-
-The linear predictors below share a fix for (1): the core is divided by its root mean square and
-multiplied by a learned gain g, initialised so that ΔW's columns start about 0.3 long
-(g₀ = 0.3 / (0.02²·√(C/r·O/r·C)), for the bases' init std 0.02). They differ in the aggregation.
-Notation as in :mod:`.dynamic_linear`: X̄ the 2×2-pooled tokens (N' of them), P = X̄·W_p + b_p
-split into P_in (N'×C/r) and P_out (N'×O/r), σ = SiLU, unit(M) = M / (rms(M) + 1e-6).
-
-Linear predictors (``linear_predictor=``):
-
-- ``bilateral_unit``: the released mean over tokens with the scale fix only,
-  ΔW = g·U_inᵀ·unit(Σ_t σ(P_in,t)ᵀσ(P_out,t))·U_out.
-- ``score_pool`` (score-weighted pooling, several heads): h = 4 heads each score every token,
-  α_h = softmax_t(X̄·w_h + c_h), and own a quarter of the C/r input-rank rows:
-  core[h-th rows] = Σ_t α_{t,h} σ(P_in,t)[h-th rows]ᵀ σ(P_out,t); ΔW = g·U_inᵀ·unit(core)·U_out.
-  The weights sum to one over the tokens, so a few salient tokens can set ΔW whatever N is.
-  Cost N'·(C·h + C/r·O/r), as ``bilateral`` plus the scores.
-- ``centered`` (second-order statistics): the covariance of the activated projections,
-  core = Σ_t (σ(P_in,t) − mean)ᵀ(σ(P_out,t) − mean), which removes the background's constant
-  outer product and keeps only how tokens vary; ΔW = g·U_inᵀ·unit(core)·U_out.
-- ``double_centered`` (second-order statistics of the grid's residuals): as ``centered`` with each
-  side's projections double-centred on the H'×W' grid of pooled tokens, D = σ(P) − row mean − column
-  mean + grid mean, core = Σ_t D_in,tᵀ D_out,t. Any pattern that is a sum of a function of the row and
-  one of the column drops out: so do the borders of zero-padded convolutions over a uniform background
-  (but for the four corners), whose count grows with the canvas' side and which under ``centered``
-  make unit(core), and ΔW with it, change with the canvas size (docs/analysis.md, "Resolution
-  transfer"). Cost as ``centered`` plus the row and column means, N'·(C/r + O/r).
-
-Depthwise-conv predictor (``dwc_predictor=``):
-
-- ``score_gap``: ``gap`` with the global average replaced by a per-channel softmax-weighted
-  pool, z_c = Σ_t softmax_t(X·W_s + b_s)_{t,c} · X_{t,c}; ΔK_c = GELU(W₁z + b₁)_c · U_c.
-
-Each registers itself under its name (:func:`~weightformer.layers.dynamic_layer.register_predictor`).
+- ``bilateral_unit``: ΔW = g·U_inᵀ·unit(Σ_t σ(P_in,t)ᵀσ(P_out,t))·U_out (the scale fix only).
+- ``score_pool``: h = 4 heads score every token, α_h = softmax_t(X̄·w_h + c_h), each owning a quarter of the C/r
+  input-rank rows: core[h-th rows] = Σ_t α_{t,h} σ(P_in,t)[h-th rows]ᵀ σ(P_out,t); ΔW = g·U_inᵀ·unit(core)·U_out.
+- ``centered``: core = Σ_t (σ(P_in,t) − mean)ᵀ(σ(P_out,t) − mean), removing the background's constant product.
+- ``double_centered``: as ``centered`` with each side double-centred on the H'×W' pooled grid,
+  D = σ(P) − row mean − column mean + grid mean, core = Σ_t D_in,tᵀ D_out,t: any sum of a row and a column
+  pattern drops out, such as the borders of zero-padded convolutions, which under ``centered`` make ΔW change
+  with the canvas size (docs/analysis.md, "Resolution transfer").
+- ``score_gap`` (``dwc_predictor=``): ``gap`` with a per-channel softmax-weighted pool in place of the global
+  average, z_c = Σ_t softmax_t(X·W_s + b_s)_{t,c} · X_{t,c}; ΔK_c = GELU(W₁z + b₁)_c · U_c.
 """
 
 import torch
@@ -68,14 +44,12 @@ class BilateralUnitPredictor(_LowRankPredictor):
         self._reset_gain()
 
     def _reset_gain(self) -> None:
-        # ΔW's entries are sums of C/r·O/r products of a unit core entry and two std-0.02 basis entries;
-        # a column has C of them.
         start = _INIT_COLUMN_NORM / (_INIT_STD**2 * (self.in_rank * self.out_rank * self.in_features) ** 0.5)
         with torch.no_grad():
             self.gain.fill_(start)
 
     def reset_parameters(self) -> None:
-        """W_p, U_in, U_out as the release, then the gain g₀ (see the module docstring)."""
+        """W_p, U_in, U_out as the release, then the gain g₀."""
         super().reset_parameters()
         self._reset_gain()
 
@@ -110,7 +84,7 @@ class ScorePoolPredictor(BilateralUnitPredictor):
         reset_linear(self.score)
 
     def reset_parameters(self) -> None:
-        """The unit-scaled predictor's parameters, then the scores (truncated normal 0.02, zero bias)."""
+        """The unit-scaled predictor's parameters, then the scores."""
         super().reset_parameters()
         reset_linear(self.score)
 
@@ -170,7 +144,7 @@ class ScorePoolKernelPredictor(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The kernel bank U: truncated normal, std 0.02 (the score conv and fc1 are plain modules with their own)."""
+        """The kernel bank U: truncated normal, std 0.02."""
         trunc_normal_(self.bank, std=0.02)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)

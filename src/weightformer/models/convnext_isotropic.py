@@ -1,9 +1,5 @@
-"""Isotropic ConvNeXt (Liu et al., 2022, §"isotropic ConvNeXt"), the conv baseline of the ablations.
-
-timm 1.0 ships only the four-stage ConvNeXt. This is the isotropic layout built from timm's own
-``ConvNeXtBlock`` (7×7 depthwise conv, LayerNorm, MLP, layer scale): a p×p patchify stem, ``depth``
-blocks at one width and resolution, LayerNorm, mean over tokens and a linear head, the layout of
-WeightFormer and DeiT. Registered as ``convnext_isotropic_tiny`` (192-d, 17 blocks, patch 16).
+"""Isotropic ConvNeXt (Liu et al., 2022), the conv baseline of the ablations, from timm's ``ConvNeXtBlock``: a p×p
+patchify stem, ``depth`` blocks at one width and resolution, mean over tokens, LayerNorm, linear head.
 """
 
 from functools import partial
@@ -55,10 +51,8 @@ class ConvNeXtIsotropic(nn.Module):
         self.init_weights()
 
     def init_weights(self, needs_reset: bool = True) -> None:
-        """(Re)initialise every parameter and non-persistent buffer (timm's ``init_weights``, for after
-        ``to_empty()``): ``reset_parameters()`` on every module that has one, in module order with each
-        module's children before it, then each block's layer scale (timm's ConvNeXtBlock sets it in
-        ``__init__`` only). ``needs_reset=False`` sets only the layer scales."""
+        """(Re)initialise every parameter and non-persistent buffer (for after ``to_empty()``): ``reset_parameters()``
+        on every module (unless ``needs_reset=False``), then each block's layer scale."""
         named_apply(partial(init_weights_reset_parameters, needs_reset=needs_reset), self)
         for block in self.blocks:
             nn.init.constant_(block.gamma, LAYER_SCALE_INIT)

@@ -1,34 +1,9 @@
 """Layer-wise learning-rate decay for a whole detector or segmenter with a timm backbone inside.
 
-ViTDet scales the learning rate of block i of L by ``layer_decay ** (L - i)``, the stem (patch embedding,
-position embedding, class token) by ``layer_decay ** (L + 1)``, and trains the neck, the heads and every
-other backbone parameter, the final norm included, at the base rate (detectron2's
-``get_vit_lr_decay_rate``; timm's ``group_matcher`` would merge the final norm into the last block).
-
-timm's ``param_groups_layer_decay`` reads the layers from the model's ``group_matcher``, which a detector
-wrapping the backbone lacks (timm would put every parameter in one group), so it is called on the
-backbone module itself. The groups carry an ``lr_scale`` that only timm's schedulers
-(``create_scheduler_v2``, as the engine uses) apply; a ``torch.optim`` scheduler ignores it.
-
-Example, runnable as is (a tiny random WeightFormer in a torchvision Mask R-CNN)::
-
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import create_scheduler_v2
-    from torchvision.models.detection import MaskRCNN
-    from weightformer.models.layer_decay import layer_decay_param_groups
-    from weightformer.models.pyramid import SimpleFeaturePyramid, build_backbone
-
-    backbone = build_backbone("weightformer_tiny", embed_dim=32, depth=3)
-    detector = MaskRCNN(SimpleFeaturePyramid(backbone, out_channels=64), num_classes=91)
-    groups = layer_decay_param_groups(detector, "backbone.backbone", weight_decay=0.1, layer_decay=0.7)
-    optimizer = create_optimizer_v2(groups, opt="adamw", lr=1e-4)
-    scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=12, warmup_epochs=1,
-                                       step_on_epochs=False, updates_per_epoch=100)
-    scheduler.step_update(num_updates=200)  # the engine calls this after every optimizer step
-    print(sorted({round(g["lr"], 8) for g in optimizer.param_groups}))
-    # 5 rates, 0.7 apart:
-    # [2.24e-05, 3.2e-05, 4.572e-05, 6.531e-05, 9.33e-05]: stem, block 0, block 1,
-    # block 2, the final norm with the neck and heads
+ViTDet (detectron2's ``get_vit_lr_decay_rate``) scales the rate of block i of L by ``layer_decay ** (L - i)``,
+the stem by ``layer_decay ** (L + 1)``, and trains the neck, the heads and the backbone's final norm at the
+base rate. timm's ``param_groups_layer_decay`` is called on the backbone itself (a detector has no
+``group_matcher``). The groups carry an ``lr_scale`` that only timm's schedulers apply.
 """
 
 import fnmatch
@@ -48,9 +23,8 @@ def _matches(name: str, patterns: Collection[str]) -> bool:
 
 
 def _above_blocks(module: nn.Module) -> Set[str]:
-    """Names of ``module``'s parameters that are neither stem nor block: those its ``group_matcher``
-    matches only with an entry that merges into the previous group (timm's ``MATCH_PREV_GROUP``, the
-    final norm's), or matches not at all. (A callable matcher: none.)"""
+    """Names of ``module``'s parameters that its ``group_matcher`` matches only with a ``MATCH_PREV_GROUP``
+    entry (the final norm's) or not at all; none for a callable matcher."""
     matcher = module.group_matcher(coarse=False)
     if not isinstance(matcher, dict):
         return set()
@@ -76,21 +50,10 @@ def _find_backbone(model: nn.Module, backbone: Union[str, nn.Module]) -> Tuple[n
 
 def layer_decay_param_groups(model: nn.Module, backbone: Union[str, nn.Module], weight_decay: float,
                              layer_decay: float, no_weight_decay_list: Collection[str] = ()) -> List[Dict[str, Any]]:
-    """Optimizer parameter groups for ``model``: per-layer ``lr_scale`` on the backbone, 1.0 elsewhere.
-
-    Args:
-        model: the whole network (detector, segmenter), or the backbone alone.
-        backbone: the timm backbone inside ``model``, as a dotted path (``"backbone.backbone"``) or the
-            module itself; it must have ``group_matcher`` (WeightFormer, timm's ViT/DeiT do).
-        weight_decay: for weights of 2+ dimensions; 1-D parameters (norms, biases), the backbone's
-            ``no_weight_decay()`` and names matching ``no_weight_decay_list`` get none.
-        layer_decay: the factor per layer, in (0, 1].
-        no_weight_decay_list: fnmatch patterns on parameter names in ``model`` (e.g. ``"*.rel_pos_*"``).
-
-    Returns:
-        groups of ``params``, ``weight_decay`` and ``lr_scale``, covering every trainable parameter of
-        ``model`` exactly once; an lr only results under a timm scheduler (see the module docstring).
-    """
+    """Groups of ``params``, ``weight_decay`` and ``lr_scale`` (per layer on the backbone, 1.0 elsewhere)
+    covering every trainable parameter of ``model`` once. ``backbone``: a dotted path or the module, with a
+    ``group_matcher``. 1-D parameters, the backbone's ``no_weight_decay()`` and names matching the fnmatch
+    patterns ``no_weight_decay_list`` get no weight decay."""
     if not 0.0 < layer_decay <= 1.0:
         raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}")
     module, name = _find_backbone(model, backbone)

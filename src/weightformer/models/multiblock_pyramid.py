@@ -1,28 +1,17 @@
-"""BEiT's and Vim's ViT UperNet neck: four blocks spread over the depth of a plain backbone, at strides 4 to 32.
+"""BEiT's and Vim's ViT UperNet neck: four blocks spread over a plain backbone's depth, at strides 4 to 32.
 
-Where ViTDet's simple pyramid (:mod:`weightformer.models.pyramid`) builds every level from the last block,
-BEiT (microsoft/unilm ``beit/semantic_segmentation/backbone/beit.py``) and Vim (hustvl/Vim
-``seg/backbone/vim.py``, configs ``seg/configs/vim/upernet/*``) read the output of four blocks,
-``out_indices`` (5, 11, 17, 23 of Vim's 24), and resample each one to its own stride, keeping the
-backbone's width C:
+Unlike ViTDet's simple pyramid (:mod:`.pyramid`), BEiT (microsoft/unilm) and Vim (hustvl/Vim) read four blocks,
+``out_indices`` (5, 11, 17, 23 of Vim's 24), and resample each to its own stride at the backbone's width C:
 
-    block out_indices[0] -> ConvT 2x2 (C -> C) -> BatchNorm -> GELU -> ConvT 2x2 (C -> C)   stride 4
-    block out_indices[1] -> ConvT 2x2 (C -> C)                                            stride 8
-    block out_indices[2] -> identity                                                       stride 16
-    block out_indices[3] -> max-pool 2x2                                                   stride 32
+    block out_indices[0] -> ConvT 2x2 -> BatchNorm -> GELU -> ConvT 2x2   stride 4
+    block out_indices[1] -> ConvT 2x2                                    stride 8
+    block out_indices[2] -> identity                                      stride 16
+    block out_indices[3] -> max-pool 2x2                                  stride 32
 
-There are no further convolutions: UperNet's lateral convs come next. The transposed convolutions keep
-PyTorch's default initialisation, as in both references.
-
-The blocks are read without the backbone's final norm, as both references do. The norm stays in the
-backbone, so that a classifier's weights load as they are, and is frozen: no gradient, no optimizer
-state, no unused parameter for DistributedDataParallel. For the same reason the last index must be the
-last block (every reference's is).
-
-Default ``out_indices`` (:func:`spread_indices`): the last block and every (depth // 4)-th before it.
-
-Input sizes: as the simple pyramid, sides are zero-padded to multiples of 32 at the bottom and right;
-:class:`~weightformer.models.upernet.UperNet` cuts its logits back to H x W.
+UperNet's lateral convs come next; the transposed convs keep PyTorch's init, as in both references. The blocks
+are read without the final norm, which stays in the backbone (a classifier's weights load as they are) and is
+frozen; so the last index must be the last block. Sides are zero-padded to multiples of 32, as in the simple
+pyramid.
 """
 
 from __future__ import annotations
@@ -62,13 +51,8 @@ def _resample(stride: int, dim: int) -> nn.Module:
 
 
 class MultiBlockPyramid(nn.Module):
-    """Four blocks of a plain stride-16 timm backbone as a pyramid {"0": stride 4, ..., "3": stride 32}.
-
-    ``forward`` maps (B, 3, H, W) images to an ordered dict of (B, C, h_k, w_k) maps, C the backbone's
-    width (``out_channels``); ``strides`` gives each key's stride and ``out_indices`` the blocks read,
-    finest level first. The backbone needs timm's ``forward_intermediates`` and ``feature_info`` (one
-    entry per block, as timm's ViT/DeiT and WeightFormer have).
-    """
+    """(B, 3, H, W) -> ordered dict {"0": stride 4, ..., "3": stride 32} of (B, C, h_k, w_k) maps, C the
+    backbone's width; ``out_indices`` are the blocks read (``feature_info`` needs one entry per block)."""
 
     def __init__(self, backbone: nn.Module, out_indices: Optional[Sequence[int]] = None):
         super().__init__()

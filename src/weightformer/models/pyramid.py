@@ -1,51 +1,16 @@
-"""ViTDet's simple feature pyramid: a plain stride-16 backbone as a torchvision detection backbone.
-
-Li, Mao, Girshick and He (arXiv 2203.16527) build the whole pyramid from the last map of a plain
-backbone, one small module per scale:
+"""ViTDet's simple feature pyramid (Li et al., arXiv 2203.16527): a plain stride-16 backbone's last map as a
+torchvision detection backbone, one small module per scale:
 
     stride 4:  ConvT 2×2 (C -> C/2) -> LayerNorm -> GELU -> ConvT 2×2 (C/2 -> C/4)
-    stride 8:  ConvT 2×2 (C -> C/2)
-    stride 16: identity
-    stride 32: max-pool 2×2
+    stride 8:  ConvT 2×2 (C -> C/2);  stride 16: identity;  stride 32: max-pool 2×2
     each then: Conv 1×1 -> LayerNorm -> Conv 3×3 -> LayerNorm   (out_channels, LayerNorm over channels)
     "pool":    stride 64, the stride-32 map subsampled by 2 (torchvision's LastLevelMaxPool), for the RPN
 
-``final_norm=False`` reads the last block as ViTDet's ViT (which has no final norm) does; the timm model's
-``norm`` is then out of the forward and frozen, so that DDP needs no ``find_unused_parameters``. The
-default, ``True``, reads it after the final norm. ``conv_init``: ``"c2_xavier"`` (default) gives the 1×1
-and 3×3 convolutions detectron2's FPN init, ``"pytorch"`` leaves PyTorch's, as ViTDet's pyramid does.
-
-Any timm model with ``forward_intermediates`` and a stride-16 ``feature_info`` works; timm's ViT/DeiT
-need ``dynamic_img_size=True``, which ``build_backbone`` passes (their class tokens are stripped by timm).
-
-Sides that are not multiples of 32 are zero-padded at the bottom and right (a no-op inside a torchvision
-detector, whose ``GeneralizedRCNNTransform(size_divisible=32)`` pads already): level k of an H×W image is
-(ceil(H/32)·32/stride_k) × (ceil(W/32)·32/stride_k), every level aligned and no pixel dropped.
-
-Example, runnable as is (a tiny random WeightFormer, two 800×1333 images)::
-
-    import torch, torchvision
-    from torchvision.models.detection import MaskRCNN
-    from weightformer.models.pyramid import SimpleFeaturePyramid, build_backbone
-
-    backbone = build_backbone("weightformer_tiny", embed_dim=32, depth=3)  # or "deit_tiny_patch16_224"
-    pyramid = SimpleFeaturePyramid(backbone, out_channels=64)
-    with torch.no_grad():
-        feats = pyramid(torch.randn(2, 3, 800, 1333))
-    for name, f in feats.items():
-        print(name, tuple(f.shape))
-    # 0 (2, 64, 200, 336)   stride 4   (1333 px padded to 1344)
-    # 1 (2, 64, 100, 168)   stride 8
-    # 2 (2, 64, 50, 84)     stride 16
-    # 3 (2, 64, 25, 42)     stride 32
-    # pool (2, 64, 13, 21)  stride 64
-
-    # torchvision's defaults fit the five levels: one anchor size per level, ((32,), (64,), (128,),
-    # (256,), (512,)), aspect ratios (0.5, 1.0, 2.0) on each, and RoIAlign over featmap_names
-    # ["0", "1", "2", "3"] (7×7 for boxes, 14×14 for masks).
-    detector = MaskRCNN(pyramid, num_classes=91).eval()
-    with torch.no_grad():
-        detections = detector([torch.rand(3, 480, 640)])
+``final_norm=False`` reads the last block before the final norm, as ViTDet's ViT does, and freezes that norm
+(no unused parameter for DDP). ``conv_init``: ``"c2_xavier"`` is detectron2's FPN init, ``"pytorch"``
+PyTorch's. Sides are zero-padded to multiples of 32 at the bottom and right: level k of an H×W image is
+(⌈H/32⌉·32/stride_k) × (⌈W/32⌉·32/stride_k). Any timm model with ``forward_intermediates`` and a stride-16
+``feature_info`` works (timm's ViT/DeiT with ``dynamic_img_size=True``, which ``build_backbone`` passes).
 """
 
 import math
@@ -100,8 +65,7 @@ def _norm(norm: str, channels: int) -> nn.Module:
 
 
 def _conv(in_chs: int, out_chs: int, kernel_size: int, norm: str, init: str) -> nn.Sequential:
-    """Conv (no bias before a norm) -> norm; ``init`` c2_xavier: detectron2's c2_xavier_fill, pytorch:
-    nn.Conv2d's own."""
+    """Conv (no bias before a norm) -> norm; ``init`` c2_xavier: detectron2's c2_xavier_fill."""
     conv = nn.Conv2d(in_chs, out_chs, kernel_size, padding=kernel_size // 2, bias=norm == "")
     if init == "c2_xavier":
         nn.init.kaiming_uniform_(conv.weight, a=1)
@@ -111,8 +75,7 @@ def _conv(in_chs: int, out_chs: int, kernel_size: int, norm: str, init: str) -> 
 
 
 def _resample(scale: float, dim: int, norm: str) -> Tuple[nn.Sequential, int]:
-    """The per-scale module that brings the stride-16 map of ``dim`` channels to stride 16 / scale,
-    and the channels it outputs."""
+    """The module that brings the stride-16 map of ``dim`` channels to stride 16 / scale, and its channels."""
     if scale == 4.0:
         return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), _norm(norm, dim // 2), nn.GELU(),
                              nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2)), dim // 4
@@ -133,12 +96,8 @@ def _level(scale: float, dim: int, out_channels: int, norm: str, init: str) -> n
 
 
 class SimpleFeaturePyramid(nn.Module):
-    """ViTDet's simple feature pyramid on the last block of a plain backbone; a torchvision backbone.
-
-    ``forward`` maps (B, 3, H, W) images to an ordered dict "0", "1", ... (one per scale, finest first)
-    and "pool" (if ``top_block``), each (B, out_channels, h, w); ``strides`` gives each key's stride.
-    ``final_norm`` and ``conv_init``: see the module docstring.
-    """
+    """(B, 3, H, W) -> ordered dict "0", "1", ... (one per scale, finest first) and "pool" (if ``top_block``),
+    each (B, out_channels, h, w); ``strides`` gives each key's stride."""
 
     def __init__(self, backbone: nn.Module, out_channels: int = 256, scales: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
                  norm: str = "LN", top_block: bool = True, final_norm: bool = True, conv_init: str = "c2_xavier"):

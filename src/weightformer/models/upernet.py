@@ -6,11 +6,8 @@
     [P2, up(P3), up(P4), up(P5)] -> concat -> 3x3 conv -> dropout -> 1x1 classifier (stride 4)
     -> bilinear upsampling x4, cut to the input's size (a pyramid may pad its input)
 
-An optional FCN auxiliary head on the stride-16 level adds a deep-supervision loss in training.
-
-A head of its own because transformers' ``UperNetForSemanticSegmentation`` builds its backbone from a
-config and segmentation_models_pytorch's ``UPerNet`` from an encoder name: neither takes a module that
-returns a torchvision-style pyramid dict, which this one does.
+An optional FCN auxiliary head on the stride-16 level adds a deep-supervision loss in training. (transformers'
+and segmentation_models_pytorch's UperNets build their own backbone; this one takes any pyramid module.)
 """
 
 from __future__ import annotations
@@ -117,22 +114,14 @@ def _to_input_size(logits: Tensor, stride: int, size: Sequence[int]) -> Tensor:
 
 
 class UperNet(nn.Module):
-    """A pyramid (images -> {"0": stride 4, ..., "3": stride 32, ...}) with an UperNet head.
-
-    ``forward`` returns logits (B, num_classes, H, W) at the input's size; ``with_aux=True`` also
-    returns the auxiliary head's logits (on pyramid level ``aux_level``), for the training loss.
-    Each key's stride is read from the pyramid's ``strides`` attribute if it has one, else
-    ``DEFAULT_STRIDES``. Pyramid keys other than ``levels`` (such as "pool") are not used.
-    """
+    """A pyramid (images -> {"0": stride 4, ..., "3": stride 32, ...}) with an UperNet head; each key's
+    stride from the pyramid's ``strides`` if it has one, else ``DEFAULT_STRIDES``."""
 
     def __init__(self, pyramid: nn.Module, head: UperNetHead, aux_head: Optional[FCNHead] = None,
                  levels: Sequence[str] = ("0", "1", "2", "3"), aux_level: str = "2"):
         super().__init__()
-        self.pyramid = pyramid
-        self.head = head
-        self.aux_head = aux_head
-        self.levels = tuple(levels)
-        self.aux_level = aux_level
+        self.pyramid, self.head, self.aux_head = pyramid, head, aux_head
+        self.levels, self.aux_level = tuple(levels), aux_level
         self.strides = dict(getattr(pyramid, "strides", DEFAULT_STRIDES))
 
     def forward(self, images: Tensor, with_aux: bool = False) -> Union[Tensor, tuple[Tensor, Optional[Tensor]]]:

@@ -86,10 +86,9 @@ def check_global_pool(global_pool: str) -> None:
 
 @contextmanager
 def rewound_rng(device: Optional[Union[str, torch.device]]) -> Iterator[None]:
-    """Put the random generator that initialises tensors on ``device`` (None: the default device) back where
-    it stood when the block started. The models build their modules inside it and then draw every value
-    again with ``init_weights()``, so a model built directly holds exactly the values of one built on the
-    meta device and materialised with ``to_empty()`` + ``init_weights()`` from the same generator state."""
+    """Put the generator of ``device`` (None: the default device) back where it stood when the block started:
+    modules built inside it and then ``init_weights()`` hold the values of a meta build + ``to_empty()`` +
+    ``init_weights()`` from the same generator state."""
     where = torch.empty(0, device=device).device  # resolves None to the default device (torch.device contexts too)
     if where.type == "meta":  # nothing is drawn on the meta device
         yield
@@ -100,22 +99,17 @@ def rewound_rng(device: Optional[Union[str, torch.device]]) -> Iterator[None]:
 
 
 class WholePatchEmbed(PatchEmbed):
-    """timm's ``PatchEmbed`` for images already cut to whole patches (:func:`whole_patches`), without timm's
-    divisibility check: it formats the image size even when it passes, which makes torch.compile
-    specialise on a symbolic size. Parameters and state-dict keys are timm's."""
+    """timm's ``PatchEmbed`` (same keys) without its divisibility check, which makes torch.compile specialise on
+    a symbolic size; the images are already cut to whole patches (:func:`whole_patches`)."""
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C_in, H, W) -> (B, H / p, W / p, C), NHWC
         return self.norm(nchw_to(self.proj(x), self.output_fmt))
 
 
 class Mlp(nn.Module):
-    """Token MLP on a grid: fc1 (static or dynamic), GELU, fc2. Shapes (B, H, W, C) -> (B, H, W, C).
-
-    GELU + fc2 run as one op that recomputes the activation in backward (layers.gelu_linear) whenever that
-    is exactly equivalent: ``act`` an exact ``nn.GELU``, ``drop1`` dropping nothing, ``fc2`` a plain
-    ``nn.Linear``, no hook to miss. Decided at every call, so a module swapped or a hook added later is
-    honoured. ``fuse_act_fc2 = False`` turns it off.
-    """
+    """Token MLP on a grid, (B, H, W, C) -> (B, H, W, C): fc1 (static or dynamic), GELU, fc2. GELU + fc2 run as
+    one op (layers.gelu_linear) whenever that is exactly equivalent, checked at every call;
+    ``fuse_act_fc2 = False`` turns it off."""
 
     def __init__(self, fc1: nn.Module, hidden: int, dim: int, act_layer: Callable[..., nn.Module], drop: float, dd):
         super().__init__()
@@ -139,9 +133,7 @@ class Mlp(nn.Module):
         )
 
     def can_add_in_chunks(self) -> bool:
-        """Whether :meth:`add_in_chunks_` computes exactly what ``forward`` does: the fused GELU + fc2
-        applies, fc1 is a plain ``nn.Linear`` or a fast-path :class:`DynamicLinear`, ``drop2`` drops
-        nothing, and no hook would miss fc1, drop2 or the MLP itself."""
+        """Whether :meth:`add_in_chunks_` computes exactly what ``forward`` does (stock modules, no hooks)."""
         modules = self._modules
         fc1, drop2 = modules["fc1"], modules["drop2"]
         return (
@@ -154,10 +146,8 @@ class Mlp(nn.Module):
         )
 
     def add_in_chunks_(self, stream: Tensor, norm: nn.Module) -> None:
-        """``stream += self(norm(stream))``, in place and over chunks of tokens, so that no tensor of the
-        hidden width (nor, with a static fc1, of the normalised stream) exists for the whole grid.
-        Inference only (see :func:`~weightformer.layers.inference.eager_inference`), when
-        :meth:`can_add_in_chunks` and ``norm`` acts on each token alone. ``stream`` (B, H, W, C), contiguous."""
+        """``stream += self(norm(stream))`` in place over chunks of tokens, so that no hidden-width tensor exists
+        for the whole grid. Inference only, when :meth:`can_add_in_chunks`; ``stream`` (B, H, W, C), contiguous."""
         B, H, W, C = stream.shape
         fc1, fc2 = self.fc1, self.fc2
         if isinstance(fc1, DynamicLinear):
@@ -192,12 +182,9 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """One WeightFormer block: x = N(x); x = x + DWC(x); x = x + DropPath(MLP(LN(x))).
-
-    Static blocks use a depthwise 3×3 conv and a plain MLP and have N = identity. Dynamic blocks
-    use :class:`DynamicDWConv` and a :class:`DynamicLinear` first MLP layer, and N is a LayerNorm
-    applied to the residual stream itself, as in the authors' release.
-    """
+    """One WeightFormer block: x = N(x); x = x + DWC(x); x = x + DropPath(MLP(LN(x))). Static blocks: a depthwise
+    3×3 conv, a plain MLP, N = identity. Dynamic: :class:`DynamicDWConv`, a :class:`DynamicLinear` fc1 and N a
+    LayerNorm on the residual stream, as in the authors' release."""
 
     def __init__(self, dim: int, mlp_ratio: float = 4.0, dynamic: bool = False, proj_drop: float = 0.0,
                  drop_path: float = 0.0, dwc_kernel_size: int = 3, linear_predictor: str = "bilateral",
@@ -230,8 +217,7 @@ class Block(nn.Module):
         return x + self.drop_path(self.mlp(self.norm_mlp(x)))
 
     def _can_run_in_place(self) -> bool:
-        """Whether :meth:`_forward_in_place` computes exactly what ``forward`` does: stock modules
-        (a LayerNorm acts on each token alone), nothing dropped, and no hooks that the path would skip."""
+        """Whether :meth:`_forward_in_place` computes exactly what ``forward`` does (stock modules, no hooks)."""
         modules = self._modules
         norm_stream, dwc, norm_mlp, drop_path = (
             modules["norm_stream"], modules["dwc"], modules["norm_mlp"], modules["drop_path"])
@@ -245,9 +231,8 @@ class Block(nn.Module):
         )
 
     def _forward_in_place(self, x: Tensor) -> Tensor:
-        """``forward`` without gradients, holding at most the input, the stream and one chunk of the MLP:
-        the conv's output becomes the stream (x is added to it in place) and the MLP adds into it chunk
-        by chunk (:meth:`Mlp.add_in_chunks_`). x itself is not modified."""
+        """``forward`` without gradients, holding the input, the stream (the conv's output, x added in place) and
+        one chunk of the MLP (:meth:`Mlp.add_in_chunks_`); x is not modified."""
         x = self.norm_stream(x)
         mixed = self.dwc(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # (B, H, W, C), a new tensor
         if mixed.is_contiguous():  # the conv's channels-last output; a batch through DynamicDWConv's fold is not
@@ -270,16 +255,15 @@ class WeightFormer(nn.Module):
                  norm_layer: Optional[Callable[..., nn.Module]] = None,
                  act_layer: Optional[Callable[..., nn.Module]] = None, dynamic_img_size: bool = True,
                  dynamic_img_pad: bool = False, device=None, dtype=None):
-        """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` and ``dynamic_img_pad`` are timm's
-        ViT arguments: without a position embedding the model always takes any image size (``True``, the only
-        value accepted); ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the
-        pixels past the last whole patch (the release's behaviour, the default)."""
+        """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` must be True (no position embedding);
+        ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the pixels past the
+        last whole patch, as the release does."""
         super().__init__()
         check_global_pool(global_pool)
         if dynamic_img_size is not True:
             raise ValueError("dynamic_img_size must be True: WeightFormer has no position embedding, so it "
                              "always runs at any image size and has no fixed-size mode")
-        for name, value in (("embed_dim", embed_dim), ("depth", depth), ("patch_size", patch_size), ("in_chans", in_chans)):
+        for name, value in dict(embed_dim=embed_dim, depth=depth, patch_size=patch_size, in_chans=in_chans).items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not mlp_ratio > 0:
@@ -318,17 +302,12 @@ class WeightFormer(nn.Module):
         self.init_weights()
 
     def init_weights(self, needs_reset: bool = True) -> None:
-        """(Re)initialise every parameter and non-persistent buffer, as timm's newest models do (ViT's
-        ``init_weights``): after ``to_empty()`` this makes a meta-built model whole. Truncated-normal (0.02)
-        linears, and ``reset_parameters()`` on every other module that has one (LayerNorms, convs, the dynamic
-        layers and their predictors), in module order with each module's children before it (timm's
-        ``named_apply``). ``needs_reset=False`` leaves the modules with a ``reset_parameters()`` as they are."""
+        """(Re)initialise every parameter and non-persistent buffer, as timm's ViT ``init_weights`` (so after
+        ``to_empty()`` a meta-built model is whole): truncated-normal (0.02) linears, ``reset_parameters()`` on
+        the other modules (children first); ``needs_reset=False`` leaves the latter as they are."""
         named_apply(partial(init_weights_vit_timm, needs_reset=needs_reset), self)
         reinit_non_persistent_buffers(self)
 
-    # ---------------------------------------------------------------------------------------------
-    # timm model API
-    # ---------------------------------------------------------------------------------------------
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
         # Norm weights and biases are 1-D and excluded by timm's optimizer factory already.
@@ -371,13 +350,8 @@ class WeightFormer(nn.Module):
     @torch.jit.ignore
     def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None,
                        patch_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
-        """Change the nominal image size and/or the patch size, as timm's ViT ``set_input_size`` does.
-
-        The model runs at any size anyway; ``img_size`` updates the patch embedding's sizes and timm's record
-        of the nominal size and arguments (``get_model_input_config``, what timm's Hub export rebuilds with),
-        leaving ``pretrained_cfg`` (and so the preprocessing timm resolves) as it is. ``patch_size`` (square)
-        resamples the patch projection (timm's ``resample_patch_embed``) and updates ``feature_info``.
-        """
+        """Change the nominal image size (timm's record of it; ``pretrained_cfg`` stays) and/or the square patch
+        size (the projection resampled, ``feature_info`` updated), as timm's ViT ``set_input_size`` does."""
         if patch_size is not None:
             side = to_2tuple(patch_size)
             if side[0] != side[1] or not isinstance(side[0], int) or side[0] < 1:
@@ -390,9 +364,6 @@ class WeightFormer(nn.Module):
                 info["reduction"] = patch_size
         update_model_input_size(self, self.patch_embed.img_size, patch_size=patch_size)
 
-    # ---------------------------------------------------------------------------------------------
-    # forward
-    # ---------------------------------------------------------------------------------------------
     def _embed(self, x: Tensor) -> Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C), H = ⌊H_img/p⌋ (⌈⌉ padded)
         if self.dynamic_img_pad:
             check_image_batch(x, self.in_chans, 1)
@@ -425,15 +396,8 @@ class WeightFormer(nn.Module):
     def forward_intermediates(self, x: Tensor, indices: Optional[Union[int, List[int]]] = None, norm: bool = False,
                               stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False
                               ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
-        """Run the backbone and return the outputs of the chosen blocks.
-
-        Args:
-            indices: the last n blocks if an int, these block indices if a list, all if None.
-            norm: apply the final LayerNorm to each intermediate.
-            stop_early: stop after the last block needed.
-            output_fmt: "NCHW" (B, C, H, W) or "NHWC" (B, H, W, C) intermediates.
-            intermediates_only: return only the intermediates, not (final features, intermediates).
-        """
+        """The outputs of the chosen blocks (the last n for an int, all for None), "NCHW" or "NHWC", through the
+        final norm if ``norm``; (final features, intermediates) unless ``intermediates_only``."""
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
@@ -464,24 +428,12 @@ class WeightFormer(nn.Module):
         return take_indices
 
 
-# -------------------------------------------------------------------------------------------------
-# The authors' checkpoints
-# -------------------------------------------------------------------------------------------------
-# Their key (after "blocks.{i}.") -> ours. Their dynamic linear stores its static weight (in, out).
+# The authors' checkpoints: their key (after "blocks.{i}.") -> ours. Their dynamic linear's static weight is (in, out).
 _BLOCK_KEY_MAP = {
-    "norm1": "norm_stream",
-    "norm2": "norm_mlp",
-    "linear1.w": "mlp.fc1.weight",
-    "linear1.b": "mlp.fc1.bias",
-    "linear1.wfm": "mlp.fc1.predictor.proj",
-    "linear1.w1": "mlp.fc1.predictor.in_basis",
-    "linear1.w2": "mlp.fc1.predictor.out_basis",
-    "linear1": "mlp.fc1",
-    "linear2": "mlp.fc2",
-    "dwc.w": "dwc.weight",
-    "dwc.b": "dwc.bias",
-    "dwc.wfm.0": "dwc.predictor.fc1",
-    "dwc.wfm.2": "dwc.predictor.fc2",
+    "norm1": "norm_stream", "norm2": "norm_mlp", "linear1.w": "mlp.fc1.weight", "linear1.b": "mlp.fc1.bias",
+    "linear1.wfm": "mlp.fc1.predictor.proj", "linear1.w1": "mlp.fc1.predictor.in_basis",
+    "linear1.w2": "mlp.fc1.predictor.out_basis", "linear1": "mlp.fc1", "linear2": "mlp.fc2", "dwc.w": "dwc.weight",
+    "dwc.b": "dwc.bias", "dwc.wfm.0": "dwc.predictor.fc1", "dwc.wfm.2": "dwc.predictor.fc2",
 }
 _TOP_KEY_MAP = {"init_norm": "norm_pre"}
 
@@ -517,9 +469,6 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: WeightFormer) -> 
     return out
 
 
-# -------------------------------------------------------------------------------------------------
-# Registry
-# -------------------------------------------------------------------------------------------------
 def _cfg(hf_hub_id: str, input_size: int, **kwargs) -> Dict[str, Any]:
     pool = input_size // 16
     return {
