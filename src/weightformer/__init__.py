@@ -11,31 +11,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from importlib import import_module
-from typing import Any, Callable
+
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["DynamicDWConv", "DynamicLinear", "WeightFormer", "attention_as_mlp", "__version__"]
 
 
-def _lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The PEP 562 ``__getattr__`` and ``__dir__`` of ``package``, ``exports`` mapping each name to its submodule."""
-    module = sys.modules[package]
-
-    def __getattr__(name: str) -> Any:
-        if name not in exports:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(import_module(f".{exports[name]}", package), name)
-        setattr(module, name, value)  # later look-ups skip this function
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*vars(module), *exports})
-
-    return __getattr__, __dir__
-
-
-__getattr__, __dir__ = _lazy_exports(__name__, {
+__getattr__, __dir__ = lazy_exports(__name__, {
     "DynamicDWConv": "layers", "DynamicLinear": "layers", "attention_as_mlp": "layers", "WeightFormer": "models",
 })
 
@@ -63,7 +46,7 @@ def _started_as_command() -> bool:
     return re.sub(r"(-script\.pyw?|\.exe)$", "", os.path.basename(program)) == "weightformer"
 
 
-# Below _lazy_exports, which the engine's and the data package's __init__ use. No torch.
+# No torch here: the command line starts without it.
 from . import tasks  # noqa: E402,F401  (registers the built-in tasks with the engine, by import path)
 
 if not _started_as_command():

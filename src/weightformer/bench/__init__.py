@@ -12,9 +12,9 @@ the dense cost table (:mod:`.dense`), the DiT table (:mod:`.dit`) and the export
 The names below are loaded when first used, so that ``weightformer bench --help`` imports no torch.
 """
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 
-__getattr__, __dir__ = _lazy_exports(__name__, {
+__getattr__, __dir__ = lazy_exports(__name__, {
     "count_flops": "flops", "Journal": "journal", "JournalMismatch": "journal", "MemoryReport": "memory",
     "OutOfMemory": "memory", "cuda_peak": "memory", "is_oom": "memory", "measure": "memory",
     "describe": "results", "machine_info": "results", "write_results": "results", "SUBJECTS": "subjects",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 from .errors import DataError
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ _EXPORTS = {
     "SeededTransformDataset": "transforms", "build_transforms": "transforms", "precompute": "transforms",
     "seeded_rng": "transforms",
 }
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "BUILTIN_DATASETS",

@@ -6,7 +6,7 @@
 imported on first use (PEP 562), so the command line reads the task without importing torch.
 """
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "AgnosticBoxPredictor": "cascade", "CascadeRoIHeads": "cascade", "DetectionConfig": "config",
@@ -17,5 +17,5 @@ _EXPORTS = {
     "build_detector": "task", "training_loss": "task", "draw_detections": "visualize",
     "save_visualizations": "visualize",
 }
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -4,7 +4,7 @@ checkpoint into its task's model; :mod:`.cli` builds each task's command line. E
 its submodule on first use (PEP 562), so the command line reads :class:`TaskCLI`, the config classes and
 the recipes without importing torch."""
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 
 # name -> the submodule that defines it
 _EXPORTS = {
@@ -20,5 +20,5 @@ _EXPORTS = {
     "load_model_state": "weights", "load_weights": "weights", "read_checkpoint": "weights",
     "PreparedRun": "loop", "StopFlag": "loop", "TrainResult": "loop", "prepare_config": "loop", "train": "loop",
 }
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -1,9 +1,9 @@
 """Ship a trained classifier: timm's Hub layout, ONNX and ``torch.export`` (``.pt2``), with dynamic batch and image
 sizes (``weightformer export``). The names are imported on first use, so ``--help`` imports no torch."""
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 
-__getattr__, __dir__ = _lazy_exports(__name__, {
+__getattr__, __dir__ = lazy_exports(__name__, {
     "model_card": "hub", "push_to_hub": "hub", "to_hf": "hub", "check_onnx": "onnx", "to_onnx": "onnx",
     "export_program": "pt2", "load_pt2": "pt2", "to_pt2": "pt2", "run_summary": "source", "trained_size": "source",
 })

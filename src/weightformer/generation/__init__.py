@@ -2,12 +2,12 @@
 DiT's Gaussian diffusion, training, sampling and evaluation. Names are imported on first use (PEP 562), so the
 command line reads :class:`GenerationTask` and its settings without importing torch."""
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "GUIDANCE_MODES": "config", "DiTBlock": "model", "WeightFormerDiT": "model", "WeightFormerDiTBlock": "model",
     "checkpoint_filter_fn": "model", "load_release_state_dict": "model", "DIT_VARIANTS": "variants",
     "create_dit": "variants", "variant_name": "variants",
 }
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

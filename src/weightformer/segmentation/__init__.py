@@ -2,7 +2,7 @@
 feature pyramid, sliding-window inference and mIoU. Names are imported on first use (PEP 562), so the command
 line reads :class:`SegmentationTask` and its settings without importing torch."""
 
-from .. import _lazy_exports
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "SegmentationConfig": "config", "IGNORE_INDEX": "data", "EvalTransform": "data", "SegmentationBatch": "data",
@@ -12,5 +12,5 @@ _EXPORTS = {
     "SegmentationMetric": "metrics", "build_upernet": "model", "SHAPES_CLASSES": "synthetic",
     "shapes_root": "synthetic", "write_shapes": "synthetic", "SegmentationTask": "task", "training_loss": "task",
 }
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
