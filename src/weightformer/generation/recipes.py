@@ -6,12 +6,12 @@ DiT trains from scratch, so ``--init`` does not count), else the small-data reci
 from __future__ import annotations
 
 import math
-import statistics
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..data.builtin import BUILTIN_DATASETS
-from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, recipe_path
+from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, median_side
 
 __all__ = ["FULL_SCALE_IMAGES", "OFFLINE_STEPS", "SMALL_EPOCHS", "choose_recipe", "recipe", "recipes",
            "small_data_recipe"]
@@ -23,8 +23,7 @@ SIZE_SAMPLE = 16  # images whose size the small-data recipe reads (headers only)
 IN_PROCESS_IMAGES = 2_000  # the small-data recipe decodes up to this many training images in the training process
 
 
-def recipe(file: str) -> Recipe:
-    return load_recipe(recipe_path("generation", file))
+recipe = partial(load_recipe, task="generation")
 
 
 def recipes() -> tuple[Recipe, ...]:
@@ -36,12 +35,10 @@ def _image_side(train: Path, vae: bool) -> tuple[int | None, int]:
     readable; the img_size for it): that side rounded down to a multiple of 4 (patch 4 tiles it), 16 to
     64 px; with a VAE a multiple of 32 from 64 to 256 px (its latents, 8x smaller, still give patch 4 a
     grid). 32 px when no image is readable."""
-    from ..data.images import image_sizes  # PIL and torch: here, so the command line starts without them
-
-    sides = [min(size) for size in image_sizes(train, SIZE_SAMPLE)]
-    if not sides:
+    median = median_side(train, SIZE_SAMPLE)
+    if median is None:
         return None, 32
-    side = int(statistics.median(sides))
+    side = int(median)
     step, low, high = (32, 64, 256) if vae else (4, 16, 64)
     return side, min(max(side // step * step, low), high)
 
