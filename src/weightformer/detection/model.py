@@ -1,17 +1,10 @@
 """Mask R-CNN and Cascade Mask R-CNN on a feature pyramid, from torchvision's parts with ViTDet's heads (a
 two-conv RPN head, a 4conv1fc box head and a 4conv mask head, both with LayerNorm).
 
-How the detector trains is its *protocol* (:data:`PROTOCOL_SETTINGS`, the ``protocol`` setting):
-
-- ``vitdet`` (the default): detectron2's, as ViTDet's COCO configs and Vim's ``det/`` run it: RoIAlignV2
-  (aligned, adaptive ``sampling_ratio=0``); 1000 RPN proposals in training; plain L1 box regression; cascade
-  stage losses unweighted, each stage's box-head gradient scaled by 1/3, stages 2 and 3 matching stage 1's
-  refined boxes without ground truth; the pyramid on the last block without its final norm, default init.
-- ``torchvision``: torchvision's defaults (unaligned ``MultiScaleRoIAlign(sampling_ratio=2)``, 2000 proposals,
-  smooth L1 with β = 1/9), mmdet's stage weights 1, 0.5, 0.25 with the ground truth appended and 512 boxes
-  resampled per stage, the pyramid after the final norm with detectron2's FPN init (c2_xavier_fill).
-
-Explicit keyword arguments (``rpn_post_nms_top_n_train``, ...) override the protocol's values.
+How the detector trains is its *protocol* (:data:`PROTOCOL_SETTINGS`; docs/dense.md has them point by point):
+``vitdet`` (the default), detectron2's as ViTDet's COCO configs and Vim's ``det/`` run it; or ``torchvision``,
+torchvision's parts at their defaults with mmdet's cascade stage weights. Explicit keyword arguments
+(``rpn_post_nms_top_n_train``, ...) override the protocol's values.
 """
 
 from __future__ import annotations
@@ -50,14 +43,14 @@ TORCHVISION_BOX_LOSS_BETA = 1 / 9  # the smooth-L1 beta torchvision's RPN and Ro
 class Protocol:
     """The settings a protocol fixes (see the module docstring)."""
 
-    aligned_roi_align: bool  # RoIAlignV2 (half-pixel aligned, sampling_ratio 0) instead of torchvision's pooler
+    aligned_roi_align: bool  # RoIAlignV2 (half-pixel aligned, sampling_ratio 0) instead of torchvision's (2, unaligned)
     rpn_post_nms_top_n_train: int
     box_loss_beta: float  # smooth-L1 beta of the RPN's and the box heads' regression; 0 is L1
     stage_loss_weights: tuple[float, ...]
     head_gradient_scale: float  # on the gradient each cascade stage's box head sends back
-    sample_later_stages: bool  # cascade stages 2, 3 append the ground truth and resample
-    final_norm: bool  # the pyramid reads the backbone after its final norm
-    pyramid_init: str  # SimpleFeaturePyramid's conv_init
+    sample_later_stages: bool  # cascade stages 2, 3 append the ground truth and resample 512 boxes
+    final_norm: bool  # the pyramid reads the backbone's last block after its final norm
+    pyramid_init: str  # SimpleFeaturePyramid's conv_init: PyTorch's default, or detectron2's c2_xavier_fill
 
 
 PROTOCOL_SETTINGS = {

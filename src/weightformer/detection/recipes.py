@@ -1,8 +1,6 @@
-"""Detection's recipes (``configs/detection/``) and the rule that picks one for the data: the offline job's
-for shapes; for a COCO-layout folder, ViTDet's COCO recipe when ``--init`` gives a pretrained backbone and
-the folder holds at least :data:`FULL_SCALE_IMAGES` training images (100 epochs of large-scale jitter are
-then tens of thousands of steps), else fine-tuning ``--init``, else the shapes recipe from scratch; the
-last two at a size read off the folder's images."""
+"""Detection's recipes (``configs/detection/``) and the rule that picks one: the offline job's for shapes; for a
+COCO-layout folder, ViTDet's COCO recipe when ``--init`` gives a backbone and there are :data:`FULL_SCALE_IMAGES`
+training images, else fine-tuning ``--init``, else learning from scratch, both sized to the folder's images."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from . import synthetic
 
 __all__ = ["FULL_SCALE_IMAGES", "choose_recipe", "image_side", "recipe", "recipes"]
 
-FULL_SCALE_IMAGES = 10_000  # Pascal VOC's 16.5k, COCO's 118k, LVIS's 100k: image files of the training split
+FULL_SCALE_IMAGES = 10_000  # (VOC: 16.5k, COCO: 118k) 100 epochs of LSJ are then tens of thousands of steps
 SIZE_SAMPLE = 64  # images whose size (read from the file header) sets the small-data recipes' img_size
 SIDE_RANGE = (128, 1024)  # the img_size those recipes may choose: the shapes job's to ViTDet's
 SIDE_STEP = 32  # img_size is rounded to a multiple of the pyramid's coarsest stride

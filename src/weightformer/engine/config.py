@@ -22,11 +22,9 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = [
-    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer", "config_fields",
-    "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "read_yaml_tree", "resolve_config",
-    "scaled_learning_rates", "setting", "validate_config",
-]
+__all__ = ["NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer",
+           "config_fields", "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "read_yaml_tree",
+           "resolve_config", "scaled_learning_rates", "setting", "validate_config"]
 
 SCHEDULES = ("cosine", "multistep", "poly")  # timm's schedulers that the loop offers
 REFERENCE_BATCH = 512  # lr, min_lr and warmup_lr are given for this total batch and scaled linearly
@@ -38,14 +36,8 @@ def setting(default: Any = dataclasses.MISSING, *, help: Optional[str] = None, f
     """A config field with what its command-line flag needs: ``help`` (a field without help has no flag
     of its own and is set with ``--set name=value``), the flag's name (default ``--field-name``; a
     ``--no-...`` name on a field that defaults to True turns it off), ``choices`` and ``metavar``."""
-    metadata = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _probability(value: float) -> bool:
-    return 0 <= value <= 1
+    return field(default=default, default_factory=default_factory,
+                 metadata={"help": help, "flag": flag, "choices": choices, "metavar": metavar})
 
 
 @dataclass
@@ -117,7 +109,7 @@ class TrainConfig:
         ("model", bool, "a model name (--model NAME)"),
         ("img_size", lambda v: v is None or v >= 1, "a positive number of pixels, or null for the recipe's size"),
         ("workers", lambda v: v >= 0, "0 (load in the training process) or more"),
-        ("hflip", _probability, "a probability in [0, 1]"),
+        ("hflip", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
         ("epochs", lambda v: v >= 1, "at least 1"),
         ("max_steps", lambda v: v is None or v >= 1, "at least 1, or null for no limit"),
         ("batch_size", lambda v: v >= 1, "at least 1"),
@@ -201,14 +193,12 @@ def _check_value(config_class: type[TrainConfig], name: str, value: Any) -> Any:
     origin = typing.get_origin(base) or base
     if origin is float:
         return _finite(name, value)
-    if origin is tuple and typing.get_args(base)[-1] is Ellipsis:  # any number of numbers
-        if not isinstance(value, (list, tuple)) or not all(_is_number(v) for v in value):
-            raise ConfigError(f"setting {name!r} must be a list of numbers, e.g. [8, 11], got {value!r}")
+    if origin is tuple:  # tuple[float, ...]: any number of numbers; tuple[float, float]: [min, max]
+        pair = typing.get_args(base)[-1] is not Ellipsis
+        if not isinstance(value, (list, tuple)) or not all(_is_number(v) for v in value) or pair and len(value) != 2:
+            wanted = "two numbers [min, max]" if pair else "a list of numbers, e.g. [8, 11]"
+            raise ConfigError(f"setting {name!r} must be {wanted}, got {value!r}")
         return tuple(_finite(name, v) for v in value)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_is_number(v) for v in value):
-            raise ConfigError(f"setting {name!r} must be two numbers [min, max], got {value!r}")
-        return (_finite(name, value[0]), _finite(name, value[1]))
     if origin is int and isinstance(value, bool) or not isinstance(value, origin):
         raise ConfigError(f"setting {name!r} must be of type {origin.__name__}, got {value!r}")
     if origin is dict and not all(isinstance(key, str) for key in value):
@@ -316,13 +306,10 @@ def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]]
     return values
 
 
-_FLAG_EXAMPLES = {"--set": "weight_decay=0.1"}
-
-
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:
     """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML
     values); ``flag``, the option they came from (``--model-kwargs``, ``--set``), is named in errors."""
-    example = f"{flag} {_FLAG_EXAMPLES.get(flag, 'patch_size=4')}"
+    example = f"{flag} {'weight_decay=0.1' if flag == '--set' else 'patch_size=4'}"
     kwargs: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")

@@ -1,8 +1,5 @@
-"""Segmentation's settings: the engine's, plus the classes of the data and how evaluation predicts.
-
-The defaults of the fields below are what every recipe shares; a run's recipe
-(:mod:`weightformer.segmentation.recipes`) sets the rest for its data.
-"""
+"""Segmentation's settings: the engine's, plus the classes of the data and how evaluation predicts; the
+recipes (``configs/segmentation/``) set values for a data set."""
 
 from __future__ import annotations
 
@@ -19,9 +16,7 @@ IGNORE_INDEX = 255  # the label that no loss or metric counts (mmseg's); defined
 __all__ = ["IGNORE_INDEX", "INFERENCE_MODES", "PROTOCOLS", "SegmentationConfig", "check_windows"]
 
 INFERENCE_MODES = ("whole", "slide")  # --inference
-# --protocol: the pyramid UperNet reads (weightformer.segmentation.model): BEiT's and Vim's four blocks
-# spread over the depth, or ViTDet's simple pyramid on the last block.
-PROTOCOLS = ("vim", "simple-pyramid")
+PROTOCOLS = ("vim", "simple-pyramid")  # --protocol: the pyramid UperNet reads (segmentation.model)
 
 
 @dataclass
@@ -32,8 +27,6 @@ class SegmentationConfig(LongRangeConfig):
                                           "folder with images/{training,validation}/ and "
                                           "annotations/{training,validation}/, or shapes, the offline set")
     model: str = setting("weightformer_tiny", help="the backbone: any timm model name")
-    # Read off the data when not given: shapes' 4; a folder's from ADE20K's objectInfo150.txt, else from
-    # its annotations (see weightformer.segmentation.data.folder_classes).
     num_classes: Optional[int] = setting(None, help="classes of the data (default: the data's: shapes' 4, ADE20K's "
                                                     "objectInfo150.txt, else the largest label in the annotations)")
     reduce_zero_label: bool = setting(True, flag="--no-reduce-zero-label",
