@@ -42,9 +42,8 @@ def setting(default: Any = dataclasses.MISSING, *, help: Optional[str] = None, f
 
 @dataclass
 class TrainConfig:
-    """The settings every run has, whatever its task. The defaults are neutral, what a run gets with no
-    recipe (a plain AdamW cosine schedule without warm-up, clipping or augmentation beyond flips); the
-    task's recipe file for the data (``configs/<task>/``) sets the values that matter."""
+    """The settings every run has. The defaults are neutral (AdamW, cosine, no warm-up, clipping or augmentation
+    beyond flips); the task's recipe file for the data (``configs/<task>/``) sets the values that matter."""
 
     # data
     data: str = setting("", help="the data: a folder in the task's layout, or a built-in data set")
@@ -153,8 +152,7 @@ NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
 
 
 def scaled_learning_rates(cfg: TrainConfig, world_batch: int) -> dict[str, float]:
-    """``{"lr", "min_lr", "warmup_lr"}`` for a total batch of ``world_batch``: each of ``cfg``'s, given for
-    512, times ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR."""
+    """``cfg``'s lr, min_lr and warmup_lr (given for 512) times ``world_batch / 512``, as the release scales them."""
     scale = world_batch / REFERENCE_BATCH
     return {name: getattr(cfg, name) * scale for name in ("lr", "min_lr", "warmup_lr")}
 
@@ -223,8 +221,7 @@ def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], sour
 
 
 class SettingsLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` (no dot, unsigned exponent allowed) is a
-    number, as users write it, not the string YAML 1.1 makes of it."""
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` is a number, not the string YAML 1.1 makes of it."""
 
 
 SettingsLoader.add_implicit_resolver(  # plain integers stay ints: YAML's int resolver, registered first, wins
