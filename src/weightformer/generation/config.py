@@ -30,10 +30,9 @@ class GenerationConfig(LongRangeConfig):
     epochs: int = setting(TrainConfig.epochs,
                           help="length of the schedule in epochs (default: 13 (offline); 80 (dit); small-data: "
                                "enough epochs for about 3,250 steps, 13 to 500)")
-    vae: Optional[str] = setting(None, metavar="PATH",
-                                 help="train in the latent space of the diffusers AutoencoderKL saved in this local "
-                                      "folder (e.g. stabilityai/sd-vae-ft-ema); latents are computed once and cached "
-                                      "(default: pixel space)")
+    vae: Optional[str] = setting(None, metavar="PATH", help="train in the latent space of the diffusers AutoencoderKL "
+                                 "saved in this local folder (e.g. stabilityai/sd-vae-ft-ema); latents are computed "
+                                 "once and cached (default: pixel space)")
     min_snr_gamma: Optional[float] = setting(None, metavar="GAMMA",
                                              help="weight the epsilon loss by min(SNR, GAMMA)/SNR, Min-SNR (arXiv "
                                                   "2303.09556), e.g. 1 or 5; none: uniform weights, as DiT")

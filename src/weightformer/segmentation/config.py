@@ -29,17 +29,16 @@ class SegmentationConfig(LongRangeConfig):
     model: str = setting("weightformer_tiny", help="the backbone: any timm model name")
     num_classes: Optional[int] = setting(None, help="classes of the data (default: the data's: shapes' 4, ADE20K's "
                                                     "objectInfo150.txt, else the largest label in the annotations)")
-    reduce_zero_label: bool = setting(True, flag="--no-reduce-zero-label",
-                                      help="label 0 is a class (default: 0 is unlabelled and ignored, value v is "
-                                           "class v-1)")
+    reduce_zero_label: bool = setting(True, flag="--no-reduce-zero-label", help="label 0 is a class (default: 0 is "
+                                      "unlabelled and ignored, value v is class v-1)")
     seg_inference: str = setting("whole", flag="--inference", choices=INFERENCE_MODES,
                                  help="evaluate whole images, or overlapping crops")
     seg_crop: int = setting(512, flag="--crop", metavar="PX", help="sliding-window crop in pixels")
     seg_stride: int = setting(341, flag="--stride", metavar="PX", help="sliding-window stride in pixels")
-    seg_protocol: str = setting("simple-pyramid", flag="--protocol", choices=PROTOCOLS,
-                                help="the features UperNet reads: vim, four blocks spread over the depth at strides "
-                                     "4-32 (BEiT's and Vim's ViT UperNet, the paper's comparison), or simple-pyramid, "
-                                     "ViTDet's pyramid on the last block")
+    seg_protocol: str = setting("simple-pyramid", flag="--protocol", choices=PROTOCOLS, help="the features UperNet "
+                                "reads: vim, four blocks spread over the depth at strides 4-32 (BEiT's and Vim's ViT "
+                                "UperNet, the paper's comparison), or simple-pyramid, ViTDet's pyramid on the last "
+                                "block")
 
     RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
         ("num_classes", lambda v: v is None or 1 <= v <= IGNORE_INDEX,
