@@ -17,7 +17,7 @@ from weightformer.generation.variants import DIT_VARIANTS, LONG_RANGE_VARIANTS, 
 from weightformer.layers import DynamicLinear
 from weightformer.layers.inference import eager_inference
 from weightformer.models import weightformer_long_range_small
-from weightformer.models.names import LONG_RANGE_DESIGNS
+from weightformer.long_range import LONG_RANGE_DESIGNS
 from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,20 +1,22 @@
-"""``--long-range``, a setting of every task: run the long-range design of the recipe's model
-(``weightformer_tiny`` -> ``weightformer_long_range_tiny``, docs/analysis.md), keeping its model settings.
-
-A long-range design is a model name; its linear predictor is fixed where it is registered
-(:data:`weightformer.models.weightformer_long_range.LONG_RANGE_ARGS`) and written into the run's
-``model_kwargs``, so the run's checkpoints rebuild as it trained. Torch-free: the command line reads it.
-"""
+"""``--long-range``, a setting of every task: run the long-range design of the recipe's model, keeping its model
+settings (``weightformer_tiny`` -> ``weightformer_long_range_tiny``, docs/analysis.md). A design's predictor
+is fixed where it is registered (``LONG_RANGE_ARGS`` of models/weightformer_long_range.py) and written into
+the run's ``model_kwargs``, so its checkpoints rebuild as it trained. Torch-free: the command line reads it."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
 from .engine.config import TrainConfig, config_fields, setting
 from .engine.errors import ConfigError
 
-__all__ = ["LongRangeConfig"]
+__all__ = ["LONG_RANGE_DESIGNS", "LongRangeConfig"]
+
+# A released backbone -> its long-range design: the same size with the double_centered predictor in every block.
+LONG_RANGE_DESIGNS = {"weightformer_tiny": "weightformer_long_range_tiny",
+                      "weightformer_small": "weightformer_long_range_small"}
 
 
 @dataclass
@@ -31,17 +33,12 @@ class LongRangeConfig(TrainConfig):
     @classmethod
     def long_range_designs(cls) -> Mapping[str, str]:
         """Each model that has a long-range design -> that design's name."""
-        from .models.names import LONG_RANGE_DESIGNS
-
         return LONG_RANGE_DESIGNS
 
     @classmethod
-    def _released(cls, model: str) -> str:
-        return {long: released for released, long in cls.long_range_designs().items()}.get(model, model)
-
-    @classmethod
     def same_model(cls, base: str, other: str) -> bool:
-        return cls._released(base) == cls._released(other)  # a design shares its released model's settings
+        released = {long: released for released, long in cls.long_range_designs().items()}
+        return released.get(base, base) == released.get(other, other)  # a design shares its released model's settings
 
     @classmethod
     def finish(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -59,9 +56,13 @@ class LongRangeConfig(TrainConfig):
         return super().finish(values)
 
     def check(self) -> None:
-        from .models.names import unknown_timm_model  # imports timm: here, so that the CLI starts without it
+        import timm  # here, so that the command line starts without it
+
+        from . import models  # noqa: F401  (registers WeightFormer's models with timm)
 
         super().check()
-        problem = unknown_timm_model(self.model)
-        if problem:
-            raise ConfigError(problem)
+        if not timm.is_model(self.model):
+            close = difflib.get_close_matches(self.model, timm.list_models(), n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"model {self.model!r} is not a timm model; {hint}list names with "
+                              f"timm.list_models('*vit*')")

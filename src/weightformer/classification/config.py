@@ -1,8 +1,5 @@
-"""Classification's settings: the engine's, plus timm's augmentation and evaluation preprocessing.
-
-The defaults are neutral (no augmentation beyond flips and timm's random resized crops); the recipes in
-``configs/classification/`` set the values that matter, the release's ImageNet one included.
-"""
+"""Classification's settings: the engine's, plus timm's augmentation and evaluation preprocessing. The defaults
+are neutral (flips and timm's random resized crops); the recipes (``configs/classification/``) set the rest."""
 
 from __future__ import annotations
 
@@ -14,10 +11,6 @@ from ..engine.errors import ConfigError
 from ..long_range import LongRangeConfig
 
 __all__ = ["ClassificationConfig"]
-
-
-def _probability(value: float) -> bool:
-    return 0 <= value <= 1
 
 
 @dataclass
@@ -42,7 +35,7 @@ class ClassificationConfig(LongRangeConfig):
         ("smoothing", lambda v: 0 <= v < 1, "in [0, 1): 0 for none, 0.1 for the paper's"),
         ("mixup", lambda v: v >= 0, "0 (off) or a positive Beta alpha such as 0.8"),
         ("cutmix", lambda v: v >= 0, "0 (off) or a positive Beta alpha such as 1.0"),
-        ("reprob", _probability, "a probability in [0, 1]"),
+        ("reprob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
         ("color_jitter", lambda v: v >= 0, "0 (off) or more, such as 0.4"),
         ("train_scale", lambda v: 0 < v[0] <= v[1] <= 1, "[min, max] image-area fractions with 0 < min <= max <= 1"),
         ("crop_pct", lambda v: 0 < v <= 1, "in (0, 1], such as 0.875"),
@@ -69,8 +62,6 @@ def check_auto_augment(policy: Optional[str]) -> None:
         create_transform(32, is_training=True, auto_augment=policy)
     except (AssertionError, ValueError) as exc:  # how timm's parsers reject a policy string
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "timm cannot parse it"
-        raise ConfigError(
-            f"auto_augment {policy!r} is not a timm augmentation policy ({reason}); use a RandAugment string "
-            f"such as rand-m9-mstd0.5-inc1, an AugMix string such as augmix-m5-w4-d2, an AutoAugment policy "
-            f"(original, originalr, v0, v0r, 3a), or null for none"
-        ) from exc
+        raise ConfigError(f"auto_augment {policy!r} is not a timm augmentation policy ({reason}); use a RandAugment "
+                          f"string such as rand-m9-mstd0.5-inc1, an AugMix string such as augmix-m5-w4-d2, an "
+                          f"AutoAugment policy (original, originalr, v0, v0r, 3a), or null for none") from exc

@@ -5,12 +5,12 @@ a narrow model when they are small)."""
 
 from __future__ import annotations
 
-import statistics
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..data.builtin import BUILTIN_DATASETS
-from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, recipe_path
+from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, median_side
 
 __all__ = ["FULL_SCALE_IMAGES", "choose_recipe", "recipe", "recipes"]
 
@@ -18,21 +18,11 @@ FULL_SCALE_IMAGES = 100_000  # training images from which a folder gets the rele
 SMALL_IMAGE_SIDE = 96  # below this typical side, a small-data run keeps the images' size, with 4 px patches
 _SIDES_SAMPLED = 32  # image headers read to find a folder's typical side
 
-
-def recipe(file: str) -> Recipe:
-    return load_recipe(recipe_path("classification", file))
+recipe = partial(load_recipe, task="classification")
 
 
 def recipes() -> tuple[Recipe, ...]:
     return tuple(map(recipe, ("mnist.yaml", "imagenet_weightformer_t.yaml", "small-data.yaml", "fine-tune.yaml")))
-
-
-def typical_side(folder: Path) -> int | None:
-    """The median shorter side of the first few images under ``folder`` (headers only), or None."""
-    from ..data.images import image_sizes  # PIL and torch: here, so the command line starts without them
-
-    sides = [min(size) for size in image_sizes(folder, _SIDES_SAMPLED)]
-    return int(statistics.median(sides)) if sides else None
 
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
@@ -53,10 +43,11 @@ def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     fewer = f"fewer than the {FULL_SCALE_IMAGES} the ImageNet recipe needs"
     if settings.get("init"):
         return RecipeChoice(recipe("fine-tune.yaml"), f"{held}, {fewer}, and --init gives weights to start from")
-    side = typical_side(train)
+    median = median_side(train, _SIDES_SAMPLED)
     no_init = "and there is no --init to fine-tune (pass --init to fine-tune weights)"
-    if side is None or side >= SMALL_IMAGE_SIDE:
+    if median is None or median >= SMALL_IMAGE_SIDE:
         return RecipeChoice(recipe("small-data.yaml"), f"{held}, {fewer}, {no_init}")
+    side = int(median)
     size = max(16, -(-side // 4) * 4)  # a multiple of the 4 px patch
     return RecipeChoice(recipe("small-images.yaml").sized(img_size=size),
                         f"{held} of {side} px, {fewer}, {no_init}; img_size {size}")

@@ -84,17 +84,13 @@ class ClassificationTask(Task):
 
         cfg = self.cfg
         info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
-        eval_config = eval_data_config(
-            pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=self.img_size,
-            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode, mean=info.mean,
-            std=info.std,
-        )
+        eval_config = eval_data_config(pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=self.img_size,
+                                       interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode,
+                                       mean=info.mean, std=info.std)
         train_tf, val_tf = build_transforms(
-            self.img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip,
+            self.img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip, no_aug=cfg.no_aug,
             color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment, reprob=cfg.reprob,
-            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=eval_config["crop_mode"],
-            no_aug=cfg.no_aug,
-        )
+            interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=eval_config["crop_mode"])
         train_set: Dataset = SeededTransformDataset(splits["train"], train_tf, seed=cfg.seed)
         val_set: Dataset = SeededTransformDataset(splits["val"], val_tf)
         if isinstance(splits["train"], ArrayImageDataset):  # small and in memory: transform once, not every epoch
@@ -136,15 +132,13 @@ class ClassificationTask(Task):
     def check_checkpoint(self, saved: Mapping[str, Any], meta: Mapping[str, Any], source: str,
                          resuming: bool = True) -> None:
         if saved.get("in_chans") not in (None, meta["in_chans"]):
-            raise CheckpointError(
-                f"{source} was trained on {saved['in_chans']}-channel images and {meta['data']} has "
-                f"{meta['in_chans']}-channel images; use data with {saved['in_chans']} channel(s), or start a new run"
-            )
+            raise CheckpointError(f"{source} was trained on {saved['in_chans']}-channel images and {meta['data']} has "
+                                  f"{meta['in_chans']}-channel images; use data with {saved['in_chans']} channel(s), "
+                                  f"or start a new run")
         if resuming and saved.get("num_classes") not in (None, meta["num_classes"]):
-            raise CheckpointError(
-                f"{source} has {saved['num_classes']} classes and {meta['data']} has {meta['num_classes']}; "
-                f"resume on the data set it was trained on ({saved.get('data')})"
-            )
+            raise CheckpointError(f"{source} has {saved['num_classes']} classes and {meta['data']} has "
+                                  f"{meta['num_classes']}; resume on the data set it was trained on "
+                                  f"({saved.get('data')})")
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
         images, targets = batch

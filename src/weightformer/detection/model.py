@@ -1,25 +1,10 @@
-"""Mask R-CNN and Cascade Mask R-CNN on a feature pyramid, built from torchvision's detection parts.
+"""Mask R-CNN and Cascade Mask R-CNN on a feature pyramid, from torchvision's parts with ViTDet's heads (a
+two-conv RPN head, a 4conv1fc box head and a 4conv mask head, both with LayerNorm).
 
-The heads follow ViTDet's (Li et al., 2022) choices for a plain backbone behind a simple feature
-pyramid: a two-conv RPN head, a 4conv1fc box head and a 4conv mask head, both with LayerNorm.
-
-How the detector trains is its *protocol* (:data:`PROTOCOLS`, the ``protocol`` setting):
-
-- ``vitdet`` (the default): detectron2's, as ViTDet's configs run it (``projects/ViTDet/configs/COCO/
-  cascade_mask_rcnn_vitdet_b_100ep.py`` and ``mask_rcnn_vitdet_b_100ep.py``, on
-  ``configs/common/models/mask_rcnn_fpn.py``), and so Vim's ``det/``: RoIAlign with aligned sampling
-  (``ROIAlignV2``) and an adaptive ``sampling_ratio=0`` for boxes and masks; 1000 RPN proposals after NMS
-  in training; plain L1 box regression (β = 0) in the RPN and the box heads; the cascade's stage losses
-  added unweighted, with the gradient each stage's box head sends back scaled by 1/3; stages 2 and 3
-  matching stage 1's refined boxes with no ground truth appended; the pyramid on the backbone's last
-  block without its final norm, its convolutions at PyTorch's default initialisation.
-- ``torchvision``: what this package built before the protocol setting existed, kept so that its
-  checkpoints and numbers rebuild exactly: torchvision's defaults (``MultiScaleRoIAlign(sampling_ratio=2)``,
-  unaligned; 2000 proposals; smooth L1 with β = 1/9), mmdet's stage weights 1, 0.5, 0.25 with the
-  ground truth appended and 512 boxes resampled at every stage, and the pyramid after the final norm
-  with detectron2's FPN initialisation (c2_xavier_fill).
-
-Explicit keyword arguments (``rpn_post_nms_top_n_train``, ...) override the protocol's values.
+How the detector trains is its *protocol* (:data:`PROTOCOL_SETTINGS`; docs/dense.md has them point by point):
+``vitdet`` (the default), detectron2's as ViTDet's COCO configs and Vim's ``det/`` run it; or ``torchvision``,
+torchvision's parts at their defaults with mmdet's cascade stage weights. Explicit keyword arguments
+(``rpn_post_nms_top_n_train``, ...) override the protocol's values.
 """
 
 from __future__ import annotations
@@ -58,14 +43,14 @@ TORCHVISION_BOX_LOSS_BETA = 1 / 9  # the smooth-L1 beta torchvision's RPN and Ro
 class Protocol:
     """The settings a protocol fixes (see the module docstring)."""
 
-    aligned_roi_align: bool  # RoIAlignV2 (half-pixel aligned, sampling_ratio 0) instead of torchvision's pooler
+    aligned_roi_align: bool  # RoIAlignV2 (half-pixel aligned, sampling_ratio 0) instead of torchvision's (2, unaligned)
     rpn_post_nms_top_n_train: int
     box_loss_beta: float  # smooth-L1 beta of the RPN's and the box heads' regression; 0 is L1
     stage_loss_weights: tuple[float, ...]
     head_gradient_scale: float  # on the gradient each cascade stage's box head sends back
-    sample_later_stages: bool  # cascade stages 2, 3 append the ground truth and resample
-    final_norm: bool  # the pyramid reads the backbone after its final norm
-    pyramid_init: str  # SimpleFeaturePyramid's conv_init
+    sample_later_stages: bool  # cascade stages 2, 3 append the ground truth and resample 512 boxes
+    final_norm: bool  # the pyramid reads the backbone's last block after its final norm
+    pyramid_init: str  # SimpleFeaturePyramid's conv_init: PyTorch's default, or detectron2's c2_xavier_fill
 
 
 PROTOCOL_SETTINGS = {
@@ -73,9 +58,9 @@ PROTOCOL_SETTINGS = {
                        stage_loss_weights=(1.0, 1.0, 1.0), head_gradient_scale=1 / len(STAGE_IOU_THRESHOLDS),
                        sample_later_stages=False, final_norm=False, pyramid_init="pytorch"),
     "torchvision": Protocol(aligned_roi_align=False, rpn_post_nms_top_n_train=2000,
-                            box_loss_beta=TORCHVISION_BOX_LOSS_BETA,
-                            stage_loss_weights=(1.0, 0.5, 0.25), head_gradient_scale=1.0,
-                            sample_later_stages=True, final_norm=True, pyramid_init="c2_xavier"),
+                            box_loss_beta=TORCHVISION_BOX_LOSS_BETA, stage_loss_weights=(1.0, 0.5, 0.25),
+                            head_gradient_scale=1.0, sample_later_stages=True, final_norm=True,
+                            pyramid_init="c2_xavier"),
 }
 assert tuple(PROTOCOL_SETTINGS) == PROTOCOLS, "config.PROTOCOLS names the same protocols"
 
@@ -87,17 +72,13 @@ def _protocol(name: str) -> Protocol:
 
 
 class AlignedMultiScaleRoIAlign(MultiScaleRoIAlign):
-    """detectron2's ``ROIPooler`` with ``ROIAlignV2``: each box is pooled from one pyramid level with
-    ``roi_align(aligned=True)`` (the half-pixel shift that puts sample points at pixel centres).
+    """detectron2's ``ROIPooler`` with ``ROIAlignV2``: each box pooled from one level with ``roi_align(aligned=True)``.
 
-    Same arguments and call as torchvision's :class:`MultiScaleRoIAlign` (whose ``roi_align`` is never
-    aligned), which it subclasses since torchvision's detectors accept only that type:
-    ``forward(features, boxes, image_shapes)`` with boxes in image pixels gives (R, C, *output_size) in
-    the order of the concatenated boxes. A box of side sqrt(area) goes to level
-    ``floor(canonical_level + log2(sqrt(area) / canonical_scale + 1e-8))``, clamped to the levels
-    there are (detectron2's ``assign_boxes_to_levels``, 224 and 4 by default). Each level's scale is
-    inferred, as torchvision infers it, from the largest image height: a power of two.
-    ``sampling_ratio`` 0 samples ceil(bin size) points per bin side (adaptive, detectron2's).
+    A subclass of torchvision's :class:`MultiScaleRoIAlign` (never aligned; its detectors accept only that type),
+    with its arguments and call: boxes in image pixels give (R, C, *output_size) in the order of the concatenated
+    boxes. A box goes to level ``floor(canonical_level + log2(sqrt(area) / canonical_scale + 1e-8))``, clamped
+    (detectron2's ``assign_boxes_to_levels``); level scales are inferred from the largest image height, as
+    torchvision does. ``sampling_ratio`` 0 samples ceil(bin size) points per bin side (detectron2's).
     """
 
     def __init__(self, featmap_names: Sequence[str], output_size: int, sampling_ratio: int = 0,
@@ -129,9 +110,9 @@ class AlignedMultiScaleRoIAlign(MultiScaleRoIAlign):
 
 
 class L1RegionProposalNetwork(RegionProposalNetwork):
-    """torchvision's RPN with the box loss's smooth-L1 β as an argument (torchvision fixes 1/9;
-    detectron2's RPN uses 0, plain L1). The normalisation is torchvision's: both losses over the
-    sampled anchors (detectron2 divides by 256 per image, the same number when the sampler fills it)."""
+    """torchvision's RPN with the box loss's smooth-L1 β as an argument (torchvision fixes 1/9; detectron2 uses 0,
+    plain L1). Both losses are over the sampled anchors (torchvision's; detectron2's 256 per image is the same
+    number when the sampler fills it)."""
 
     def __init__(self, *args, box_loss_beta: float, **kwargs):
         super().__init__(*args, **kwargs)
@@ -175,39 +156,22 @@ def _pyramid(backbone: Union[str, nn.Module], pretrained: bool, channels: int, p
     return backbone
 
 
-def build_maskrcnn(
-    backbone: Union[str, nn.Module],
-    num_classes: int,
-    cascade: bool = False,
-    min_size: int = 800,
-    max_size: int = 1333,
-    *,
-    protocol: str = DEFAULT_PROTOCOL,
-    conv_dim: int = 256,
-    fc_dim: int = 1024,
-    norm_layer: Optional[Callable[[int], nn.Module]] = LayerNorm2d,
-    pretrained: bool = False,
-    **kwargs: Any,
-) -> MaskRCNN:
-    """A torchvision Mask R-CNN (``cascade=False``) or Cascade Mask R-CNN (``cascade=True``).
+def build_maskrcnn(backbone: Union[str, nn.Module], num_classes: int, cascade: bool = False, min_size: int = 800,
+                   max_size: int = 1333, *, protocol: str = DEFAULT_PROTOCOL, conv_dim: int = 256, fc_dim: int = 1024,
+                   norm_layer: Optional[Callable[[int], nn.Module]] = LayerNorm2d, pretrained: bool = False,
+                   **kwargs: Any) -> MaskRCNN:
+    """A torchvision Mask R-CNN, or with ``cascade`` a Cascade Mask R-CNN.
 
-    ``backbone``: a module mapping a (B, 3, H, W) batch to an ordered dict of feature maps "0" to "3"
-    (strides 4 to 32) and "pool" (stride 64), all with ``backbone.out_channels`` channels (build it
-    with :func:`detection_pyramid` to follow the protocol there too); or a timm model name (e.g.
-    "weightformer_tiny"), built by :func:`weightformer.models.pyramid.build_backbone` (with timm's
-    ImageNet weights if ``pretrained``) and wrapped in the protocol's pyramid of ``conv_dim`` channels.
-    ``num_classes`` counts the background, as torchvision does: a data set with K categories (COCO:
-    80) needs ``K + 1`` (``CocoDetection.num_classes``). Label 0 is background.
-    ``protocol``: one of :data:`PROTOCOLS`, see the module docstring.
-    The model resizes each image so its short side is ``min_size`` and its long side at most
-    ``max_size``, then normalises it; ViTDet's recipe is ``min_size=max_size=1024``.
-    ``conv_dim`` / ``fc_dim``: widths of the RoI heads' convolutions and of the box head's fc layer;
-    ``norm_layer``: their normalisation (None for none). Other keyword arguments go to torchvision's
-    :class:`MaskRCNN` (``rpn_*``, ``box_*``, ``image_mean``, ``image_std``, ``size_divisible``, ...).
+    ``backbone``: a module mapping (B, 3, H, W) to feature maps "0" to "3" (strides 4 to 32) and "pool" (64),
+    all of ``backbone.out_channels`` (:func:`detection_pyramid` builds one by the protocol); or a timm model
+    name, built by :func:`~weightformer.models.pyramid.build_backbone` (timm's weights if ``pretrained``) behind
+    the protocol's pyramid of ``conv_dim`` channels. ``num_classes`` counts the background (label 0): K + 1.
+    Images are resized to short side ``min_size``, long side at most ``max_size`` (ViTDet: both 1024).
+    ``conv_dim`` / ``fc_dim``: the RoI heads' conv and fc widths; ``norm_layer``: their norm (None for none).
+    Other keyword arguments go to torchvision's :class:`MaskRCNN` (``rpn_*``, ``box_*``, ``image_mean``, ...).
 
-    Training mode: ``model(images, targets)`` returns a dict of losses. Eval mode: ``model(images)``
-    returns one dict per image with boxes (N, 4) xyxy, labels (N,), scores (N,) and masks (N, 1, H, W)
-    in the input image's pixels.
+    Training: ``model(images, targets)`` returns a dict of losses. Eval: ``model(images)`` returns per image
+    boxes (N, 4) xyxy, labels (N,), scores (N,) and masks (N, 1, H, W) in the input image's pixels.
     """
     rules = _protocol(protocol)
     if cascade and CASCADE_SET & kwargs.keys():
@@ -223,20 +187,12 @@ def build_maskrcnn(
 
     kwargs.setdefault("rpn_post_nms_top_n_train", rules.rpn_post_nms_top_n_train)
     model = MaskRCNN(
-        backbone,
-        num_classes=None,
-        min_size=min_size,
-        max_size=max_size,
-        rpn_anchor_generator=anchors,
-        rpn_head=RPNHead(channels, anchors.num_anchors_per_location()[0], conv_depth=2),
-        box_roi_pool=box_roi_pool,
-        box_head=box_head(),
-        box_predictor=FastRCNNPredictor(fc_dim, num_classes),
+        backbone, num_classes=None, min_size=min_size, max_size=max_size, rpn_anchor_generator=anchors,
+        rpn_head=RPNHead(channels, anchors.num_anchors_per_location()[0], conv_depth=2), box_roi_pool=box_roi_pool,
+        box_head=box_head(), box_predictor=FastRCNNPredictor(fc_dim, num_classes),
         mask_roi_pool=_roi_pool(rules.aligned_roi_align, 14),
         mask_head=MaskRCNNHeads(channels, [conv_dim] * 4, 1, norm_layer=norm_layer),
-        mask_predictor=MaskRCNNPredictor(conv_dim, conv_dim, num_classes),
-        **kwargs,
-    )
+        mask_predictor=MaskRCNNPredictor(conv_dim, conv_dim, num_classes), **kwargs)
     rpn, plain = model.rpn, model.roi_heads
     if rules.box_loss_beta != TORCHVISION_BOX_LOSS_BETA:
         model.rpn = L1RegionProposalNetwork(
@@ -254,20 +210,11 @@ def build_maskrcnn(
             )
     if cascade:
         model.roi_heads = CascadeRoIHeads(
-            box_roi_pool,
-            [plain.box_head] + [box_head() for _ in STAGE_IOU_THRESHOLDS[1:]],
-            [AgnosticBoxPredictor(fc_dim, num_classes) for _ in STAGE_IOU_THRESHOLDS],
-            plain.mask_roi_pool,
-            plain.mask_head,
-            plain.mask_predictor,
-            loss_weights=rules.stage_loss_weights,
-            head_gradient_scale=rules.head_gradient_scale,
-            box_loss_beta=rules.box_loss_beta,
-            sample_later_stages=rules.sample_later_stages,
-            batch_size_per_image=plain.fg_bg_sampler.batch_size_per_image,
-            positive_fraction=plain.fg_bg_sampler.positive_fraction,
-            score_thresh=plain.score_thresh,
-            nms_thresh=plain.nms_thresh,
-            detections_per_img=plain.detections_per_img,
-        )
+            box_roi_pool, [plain.box_head] + [box_head() for _ in STAGE_IOU_THRESHOLDS[1:]],
+            [AgnosticBoxPredictor(fc_dim, num_classes) for _ in STAGE_IOU_THRESHOLDS], plain.mask_roi_pool,
+            plain.mask_head, plain.mask_predictor, loss_weights=rules.stage_loss_weights,
+            head_gradient_scale=rules.head_gradient_scale, box_loss_beta=rules.box_loss_beta,
+            sample_later_stages=rules.sample_later_stages, positive_fraction=plain.fg_bg_sampler.positive_fraction,
+            batch_size_per_image=plain.fg_bg_sampler.batch_size_per_image, score_thresh=plain.score_thresh,
+            nms_thresh=plain.nms_thresh, detections_per_img=plain.detections_per_img)
     return model

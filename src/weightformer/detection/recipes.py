@@ -1,29 +1,26 @@
-"""Detection's recipes (``configs/detection/``) and the rule that picks one for the data: the offline job's
-for shapes; for a COCO-layout folder, ViTDet's COCO recipe when ``--init`` gives a pretrained backbone and
-the folder holds at least :data:`FULL_SCALE_IMAGES` training images (100 epochs of large-scale jitter are
-then tens of thousands of steps), else fine-tuning ``--init``, else the shapes recipe from scratch; the
-last two at a size read off the folder's images."""
+"""Detection's recipes (``configs/detection/``) and the rule that picks one: the offline job's for shapes; for a
+COCO-layout folder, ViTDet's COCO recipe when ``--init`` gives a backbone and there are :data:`FULL_SCALE_IMAGES`
+training images, else fine-tuning ``--init``, else learning from scratch, both sized to the folder's images."""
 
 from __future__ import annotations
 
-import statistics
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, recipe_path
+from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, median_side
 from . import synthetic
 
 __all__ = ["FULL_SCALE_IMAGES", "choose_recipe", "image_side", "recipe", "recipes"]
 
-FULL_SCALE_IMAGES = 10_000  # Pascal VOC's 16.5k, COCO's 118k, LVIS's 100k: image files of the training split
+FULL_SCALE_IMAGES = 10_000  # (VOC: 16.5k, COCO: 118k) 100 epochs of LSJ are then tens of thousands of steps
 SIZE_SAMPLE = 64  # images whose size (read from the file header) sets the small-data recipes' img_size
 SIDE_RANGE = (128, 1024)  # the img_size those recipes may choose: the shapes job's to ViTDet's
 SIDE_STEP = 32  # img_size is rounded to a multiple of the pyramid's coarsest stride
 COCO = "coco_cascade_maskrcnn_weightformer_t_lsj_100ep.yaml"
 
 
-def recipe(file: str) -> Recipe:
-    return load_recipe(recipe_path("detection", file))
+recipe = partial(load_recipe, task="detection")
 
 
 def recipes() -> tuple[Recipe, ...]:
@@ -32,14 +29,11 @@ def recipes() -> tuple[Recipe, ...]:
 
 def image_side(image_dir: Path, sample: int = SIZE_SAMPLE) -> Optional[int]:
     """The median long side of the first ``sample`` images under ``image_dir`` (in name order), rounded
-    to a multiple of :data:`SIDE_STEP` and kept in :data:`SIDE_RANGE`; None if none can be read. Only
-    the file headers are read."""
-    from ..data.images import image_sizes  # imports torch: not at the top, so the CLI starts without it
-
-    sides = [max(size) for size in image_sizes(image_dir, sample)]
-    if not sides:
+    to a multiple of :data:`SIDE_STEP` and kept in :data:`SIDE_RANGE`; None if none can be read."""
+    median = median_side(image_dir, sample, max)
+    if median is None:
         return None
-    side = SIDE_STEP * round(statistics.median(sides) / SIDE_STEP)
+    side = SIDE_STEP * round(median / SIDE_STEP)
     return min(max(side, SIDE_RANGE[0]), SIDE_RANGE[1])
 
 

@@ -1,11 +1,5 @@
-"""Detection as a task: COCO-layout data (COCO 2017 as downloaded, other split names, or the offline
-``shapes`` set), Mask R-CNN or Cascade Mask R-CNN on a timm backbone behind ViTDet's simple feature
-pyramid, COCO box and mask AP (commands: :mod:`.cli`). :func:`build_detector` rebuilds a model from a
-checkpoint's ``meta``.
-
-``model_kwargs`` go to the timm backbone, ``detector_kwargs`` (``conv_dim``, ``fc_dim`` and torchvision's
-``rpn_*``, ``box_*`` and ``bbox_*`` options) to :func:`build_maskrcnn`.
-"""
+"""Detection as a task: COCO-layout data (or the offline ``shapes`` set), Mask R-CNN or Cascade Mask R-CNN on
+a timm backbone behind ViTDet's simple feature pyramid, COCO box and mask AP (commands: :mod:`.cli`)."""
 
 from __future__ import annotations
 
@@ -29,7 +23,7 @@ if TYPE_CHECKING:  # imported where they run: the command line needs none of the
     from torch.utils.data import DataLoader
 
     from ..engine.distributed import DistInfo
-    from .data import CocoDetection, Target
+    from .data import Target
 
 __all__ = ["BACKBONE_PATH", "DEFAULT_IMG_SIZE", "DetectionTask", "build_detector", "training_loss"]
 
@@ -40,8 +34,7 @@ BACKBONE_PATH = "backbone.backbone"  # the timm model inside the detector (Mask 
 
 def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
                   device: torch.device) -> tuple[Tensor, dict[str, Tensor]]:
-    """The summed loss of a collated batch, and each detached term (RPN, box stages, mask) to log.
-    Crowd regions are left out of the targets."""
+    """The summed loss of a collated batch (crowd regions left out), and each detached term to log."""
     from .data import drop_crowd
 
     images, targets = batch
@@ -52,8 +45,8 @@ def training_loss(model: nn.Module, batch: tuple[list[Tensor], list[Target]],
 
 
 def build_detector(meta: Mapping[str, Any]) -> nn.Module:
-    """The detector a checkpoint's ``meta`` describes (backbone name and kwargs, categories, cascade,
-    protocol, size), randomly initialised. A keyword or value the builders refuse is a ConfigError."""
+    """The detector a checkpoint's ``meta`` describes, randomly initialised: ``model_kwargs`` go to the timm
+    backbone, ``detector_kwargs`` to :func:`build_maskrcnn`; a keyword the builders refuse is a ConfigError."""
     from ..models.pyramid import build_backbone
     from .model import build_maskrcnn, detection_pyramid
 
@@ -70,20 +63,9 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
                               **detector_kwargs)
 
 
-def _class_names(dataset: CocoDetection, num_classes: int) -> list[str]:
-    """The category names (no background), padded with class<i> up to ``num_classes``."""
-    names = dataset.class_names[1:]
-    return names + [f"class{i}" for i in range(len(names) + 1, num_classes + 1)]
-
-
 class DetectionTask(Task):
-    """Train a Mask R-CNN (or, with ``cascade``, a Cascade Mask R-CNN) on COCO-layout data.
-
-    ``det_resize``: ``lsj`` (ViTDet's) trains on large-scale jitter to ``img_size``² crops (``no_aug``:
-    no scale jitter) and the model resizes each image's long side to ``img_size``; ``shortest_edge``
-    (the 1× schedule's) resizes the short side to ``img_size``, the long one to at most
-    ``det_max_size``, and trains with flips only. Randomness is seeded by (seed, epoch, index).
-    """
+    """Train a Mask R-CNN (or, with ``cascade``, a Cascade Mask R-CNN) on COCO-layout data, resized as
+    ``det_resize`` says (``no_aug``: no scale jitter); randomness is seeded by (seed, epoch, index)."""
 
     name = "detection"
     config_class = DetectionConfig
@@ -102,8 +84,8 @@ class DetectionTask(Task):
 
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
-        """Format 0 may name no protocol (such runs trained as the ``torchvision`` protocol builds them) and
-        keeps the detector's settings inside ``model_kwargs``."""
+        """Format 0 may name no protocol (such runs trained as ``torchvision``) and keeps the detector's settings
+        inside ``model_kwargs``."""
         from ..engine.weights import with_missing
         from ..models.weightformer_long_range import name_unversioned_predictor
 
@@ -149,7 +131,9 @@ class DetectionTask(Task):
         train_set = SeededJitterDataset(train, augment, seed=cfg.seed)
         description = (f"data {cfg.data}: {len(train)} train ({train.split}) / {len(val)} val ({val.split}) images, "
                        f"{categories} categories, {sizes}")
-        meta = {"num_classes": num_classes, "classes": _class_names(val, num_classes)}
+        names = val.class_names[1:]  # no background; padded with class<i> up to num_classes
+        names += [f"class{i}" for i in range(len(names) + 1, num_classes + 1)]
+        meta = {"num_classes": num_classes, "classes": names}
         return TaskData(train_set, val, description, collate_fn=collate, meta=meta)
 
     def build_model(self, data: TaskData, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:

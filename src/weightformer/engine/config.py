@@ -1,15 +1,9 @@
 """Run settings: one dataclass of plain values per task, layered from a recipe, a checkpoint, a file and flags.
 
-:class:`TrainConfig` holds what every run has (data, model, schedule, optimizer, precision, run folder).
-A task adds its own section by subclassing it (``ClassificationConfig(TrainConfig)`` adds the
-augmentation fields, ``DetectionConfig`` the detector's, ...), with each field's help, command-line
-flag and rule beside it: :func:`setting` declares a field, ``RULES`` lists what each value must be,
-and :meth:`TrainConfig.check` is the hook for checks that span fields or need a library.
-
-Resolution order, later wins (:func:`resolve_config`): the dataclass defaults, the task's recipe for
-the data (a YAML file under ``configs/<task>/``, or, when resuming, the run's own saved config), the
-``--config`` YAML file, then the flags. Every value is then checked: a bad one is a one-line
-:class:`ConfigError`. A YAML file may inherit from others with a ``_base_`` key (:func:`read_yaml_tree`).
+:class:`TrainConfig` holds what every run has; a task subclasses it with its own fields, each declared by
+:func:`setting` with its help, flag and rule (``RULES``; :meth:`TrainConfig.check` for checks across fields).
+:func:`resolve_config` layers, later winning: the defaults, the task's recipe (or a resumed run's saved config),
+the ``--config`` YAML (``_base_`` inheritance, :func:`read_yaml_tree`), the flags; a bad value is a ConfigError.
 """
 
 from __future__ import annotations
@@ -28,11 +22,9 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = [
-    "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer", "config_fields",
-    "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "read_yaml_tree", "resolve_config",
-    "scaled_learning_rates", "setting", "validate_config",
-]
+__all__ = ["NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer",
+           "config_fields", "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "read_yaml_tree",
+           "resolve_config", "scaled_learning_rates", "setting", "validate_config"]
 
 SCHEDULES = ("cosine", "multistep", "poly")  # timm's schedulers that the loop offers
 REFERENCE_BATCH = 512  # lr, min_lr and warmup_lr are given for this total batch and scaled linearly
@@ -44,26 +36,19 @@ def setting(default: Any = dataclasses.MISSING, *, help: Optional[str] = None, f
     """A config field with what its command-line flag needs: ``help`` (a field without help has no flag
     of its own and is set with ``--set name=value``), the flag's name (default ``--field-name``; a
     ``--no-...`` name on a field that defaults to True turns it off), ``choices`` and ``metavar``."""
-    metadata = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _probability(value: float) -> bool:
-    return 0 <= value <= 1
+    return field(default=default, default_factory=default_factory,
+                 metadata={"help": help, "flag": flag, "choices": choices, "metavar": metavar})
 
 
 @dataclass
 class TrainConfig:
-    """The settings every run has, whatever its task. The defaults are neutral, what a run gets with no
-    recipe (a plain AdamW cosine schedule without warm-up, clipping or augmentation beyond flips); the
-    task's recipe file for the data (``configs/<task>/``) sets the values that matter."""
+    """The settings every run has. The defaults are neutral (AdamW, cosine, no warm-up, clipping or augmentation
+    beyond flips); the task's recipe file for the data (``configs/<task>/``) sets the values that matter."""
 
     # data
     data: str = setting("", help="the data: a folder in the task's layout, or a built-in data set")
-    img_size: Optional[int] = setting(None, help="training and evaluation resolution in pixels "
-                                                 "(default: the recipe's, else the data set's)")
+    img_size: Optional[int] = setting(
+        None, help="training and evaluation resolution in pixels (default: the recipe's, else the data set's)")
     workers: int = setting(4, help="data-loading processes per training process")
     verify_images: bool = True  # open every image once at start-up and skip unreadable ones
     hflip: float = setting(0.5, help="probability of a horizontal flip in training")
@@ -74,11 +59,9 @@ class TrainConfig:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     # optimisation
     epochs: int = setting(100, help="length of the schedule in epochs")
-    max_steps: Optional[int] = setting(None, help="stop after this many optimizer steps; the schedule is unchanged "
-                                                  "(smoke tests)")
+    max_steps: Optional[int] = setting(
+        None, help="stop after this many optimizer steps; the schedule is unchanged (smoke tests)")
     batch_size: int = setting(64, help="samples per step and process; capped at the samples a process sees")
-    # The three learning rates are for a total batch of 512; the run scales each of them linearly,
-    # to value * batch_size * world_size / 512 (see scaled_learning_rates), as the release does.
     lr: float = setting(1e-3, help="learning rate for a total batch of 512, scaled linearly to the real one")
     min_lr: float = 0.0  # the schedule's final value
     warmup_lr: float = 0.0  # the value the linear warm-up starts from
@@ -87,8 +70,7 @@ class TrainConfig:
     decay_milestones: tuple[float, ...] = ()  # multistep: the epochs (fractions allowed) of each decay
     decay_rate: float = 0.1  # multistep: the factor of each decay; poly: the power (timm's meanings)
     weight_decay: float = 0.05  # not applied to norms and biases
-    layer_decay: Optional[float] = setting(None, help="layer-wise learning-rate decay of the backbone's blocks, "
-                                                      "e.g. 0.75")
+    layer_decay: Optional[float] = setting(None, help="layer-wise learning-rate decay of the backbone, e.g. 0.75")
     opt: str = "adamw"  # any name in timm.optim.list_optimizers(), optionally lookahead_<name>
     clip_grad: Optional[float] = None  # max gradient norm; None disables clipping
     ema: bool = setting(False, help="keep an EMA of the weights")
@@ -96,41 +78,37 @@ class TrainConfig:
     # systems
     amp: str = setting("none", help="mixed precision (fp16 needs a GPU)", choices=("none", "bf16", "fp16"))
     compile: bool = setting(False, help="torch.compile the model")
-    grad_checkpointing: bool = setting(False, help="recompute activations in backward: much less memory, about "
-                                                   "30%% slower")
+    grad_checkpointing: bool = setting(False, help="recompute activations in backward: much less memory, ~30%% slower")
     device: str = setting("auto", help="auto: cuda if available", choices=("auto", "cuda", "cpu"))
-    deterministic: bool = setting(False, help="deterministic algorithms; on CPU a resumed run then equals an "
-                                              "uninterrupted one exactly")
+    deterministic: bool = setting(
+        False, help="deterministic algorithms; on CPU a resumed run then equals an uninterrupted one exactly")
     seed: int = setting(0, help="random seed, 0 to 2**32-1; each process adds its rank")
     output: Optional[str] = setting(None, help="run folder (default: runs/<prefix><data>_<model>)")
     resume: Optional[str] = setting(None, help="continue a run: auto (last.pt in --output, if any) or a last.pt file",
                                     metavar="{auto,PATH}")
-    init: Optional[str] = setting(None, help="start a new run from the weights in PATH (any checkpoint: ours, the "
-                                             "authors', timm's, .safetensors)", metavar="PATH")
-    overwrite: bool = setting(False, help="start anew in an --output folder that holds a run; its files move to "
-                                          "previous-<time>/")
+    init: Optional[str] = setting(None, metavar="PATH", help="start a new run from the weights in PATH (any "
+                                                             "checkpoint: ours, the authors', timm's, .safetensors)")
+    overwrite: bool = setting(
+        False, help="start anew in an --output folder that holds a run; its files move to previous-<time>/")
     log_interval: int = setting(50, help="steps between log lines when not on a terminal")
 
     @classmethod
     def same_model(cls, base: str, other: str) -> bool:
-        """Whether settings chosen for model ``base`` (a recipe's ``model_kwargs``) fit model ``other``;
-        a task whose models come in designs of one architecture extends it."""
+        """Whether settings chosen for model ``base`` (a recipe's ``model_kwargs``) fit model ``other``."""
         return base == other
 
     @classmethod
     def finish(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """The task's own rules applied to the merged settings before they are checked (a flag that
-        renames the model, say); the engine applies none."""
+        """The task's own rules on the merged settings before they are checked; the engine applies none."""
         return values
 
-    # (setting, test of a value of the right type, what the value must be), checked in this order.
-    # A subclass lists its own fields' rules in its own RULES; every class's rules apply.
+    # (setting, test of a value of the right type, what it must be), in order; each subclass's RULES apply too.
     RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
         ("data", bool, "a data folder or a built-in data set (--data PATH)"),
         ("model", bool, "a model name (--model NAME)"),
         ("img_size", lambda v: v is None or v >= 1, "a positive number of pixels, or null for the recipe's size"),
         ("workers", lambda v: v >= 0, "0 (load in the training process) or more"),
-        ("hflip", _probability, "a probability in [0, 1]"),
+        ("hflip", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
         ("epochs", lambda v: v >= 1, "at least 1"),
         ("max_steps", lambda v: v is None or v >= 1, "at least 1, or null for no limit"),
         ("batch_size", lambda v: v >= 1, "at least 1"),
@@ -154,18 +132,14 @@ class TrainConfig:
     )
 
     def check(self) -> None:
-        """Checks beyond one value's rule (a subclass extends it, calling ``super().check()``); raise ConfigError."""
+        """Checks beyond one value's rule (subclasses extend it); raise ConfigError."""
         if self.resume is not None and self.init is not None:
             raise ConfigError("--resume continues a run and --init starts one from weights; pass only one of them")
         _check_opt(self.opt)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, YAML- and checkpoint-safe values."""
-        out = dataclasses.asdict(self)
-        for name, value in out.items():
-            if isinstance(value, tuple):
-                out[name] = list(value)
-        return out
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 def config_fields(config_class: type[TrainConfig]) -> dict[str, dataclasses.Field]:
@@ -178,8 +152,7 @@ NOT_INHERITED = ("output", "resume", "max_steps", "init", "overwrite")
 
 
 def scaled_learning_rates(cfg: TrainConfig, world_batch: int) -> dict[str, float]:
-    """``{"lr", "min_lr", "warmup_lr"}`` for a total batch of ``world_batch``: each of ``cfg``'s, given for
-    512, times ``world_batch / 512``, as the release scales BASE_LR, MIN_LR and WARMUP_LR."""
+    """``cfg``'s lr, min_lr and warmup_lr (given for 512) times ``world_batch / 512``, as the release scales them."""
     scale = world_batch / REFERENCE_BATCH
     return {name: getattr(cfg, name) * scale for name in ("lr", "min_lr", "warmup_lr")}
 
@@ -218,14 +191,12 @@ def _check_value(config_class: type[TrainConfig], name: str, value: Any) -> Any:
     origin = typing.get_origin(base) or base
     if origin is float:
         return _finite(name, value)
-    if origin is tuple and typing.get_args(base)[-1] is Ellipsis:  # any number of numbers
-        if not isinstance(value, (list, tuple)) or not all(_is_number(v) for v in value):
-            raise ConfigError(f"setting {name!r} must be a list of numbers, e.g. [8, 11], got {value!r}")
+    if origin is tuple:  # tuple[float, ...]: any number of numbers; tuple[float, float]: [min, max]
+        pair = typing.get_args(base)[-1] is not Ellipsis
+        if not isinstance(value, (list, tuple)) or not all(_is_number(v) for v in value) or pair and len(value) != 2:
+            wanted = "two numbers [min, max]" if pair else "a list of numbers, e.g. [8, 11]"
+            raise ConfigError(f"setting {name!r} must be {wanted}, got {value!r}")
         return tuple(_finite(name, v) for v in value)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_is_number(v) for v in value):
-            raise ConfigError(f"setting {name!r} must be two numbers [min, max], got {value!r}")
-        return (_finite(name, value[0]), _finite(name, value[1]))
     if origin is int and isinstance(value, bool) or not isinstance(value, origin):
         raise ConfigError(f"setting {name!r} must be of type {origin.__name__}, got {value!r}")
     if origin is dict and not all(isinstance(key, str) for key in value):
@@ -250,19 +221,14 @@ def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], sour
 
 
 class SettingsLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` (no dot, unsigned exponent allowed) is a
-    number, as users write it, not the string YAML 1.1 makes of it."""
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` is a number, not the string YAML 1.1 makes of it."""
 
 
-SettingsLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+SettingsLoader.add_implicit_resolver(  # plain integers stay ints: YAML's int resolver, registered first, wins
+    "tag:yaml.org,2002:float", re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
                     |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                     |[-+]?\.(?:inf|Inf|INF)
-                    |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
-# The resolver above would also claim plain integers; YAML's own int resolver, registered first, keeps them.
+                    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
 
 
 def load_yaml(text: str) -> Any:
@@ -308,10 +274,9 @@ def _merged(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 
 
 def read_yaml_tree(path: str | Path, role: str = "config file", _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping in YAML file ``path`` over those of its ``_base_`` files (mmdetection's rules: a path
-    relative to the file, or a list of them, later ones over earlier ones; bases may have bases;
-    mappings merge, except one with ``_delete_: true``).
-    A base's ``recipe`` key (a recipe file's name and summary) is not inherited."""
+    """The mapping in YAML file ``path`` over its ``_base_`` files' (mmdetection's rules: paths relative to the
+    file, later over earlier, bases may have bases, mappings merge unless ``_delete_: true``); a base's
+    ``recipe`` key is not inherited."""
     path = Path(path).expanduser()
     if path.resolve() in _seen:
         cycle = " -> ".join(p.name for p in (*_seen, path.resolve()))
@@ -330,8 +295,7 @@ def read_yaml_tree(path: str | Path, role: str = "config file", _seen: tuple[Pat
 
 
 def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]] = None) -> dict[str, Any]:
-    """The settings in YAML file ``path``, over its ``_base_`` files (:func:`read_yaml_tree`), without
-    a recipe file's ``recipe`` name and summary; each a field of ``config_class``, when given."""
+    """The settings in YAML file ``path`` with its bases, less a ``recipe`` key; each a field of ``config_class``."""
     values = read_yaml_tree(path)
     values.pop("recipe", None)
     if config_class is not None:
@@ -339,13 +303,10 @@ def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]]
     return values
 
 
-_FLAG_EXAMPLES = {"--set": "weight_decay=0.1"}
-
-
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:
     """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML
     values); ``flag``, the option they came from (``--model-kwargs``, ``--set``), is named in errors."""
-    example = f"{flag} {_FLAG_EXAMPLES.get(flag, 'patch_size=4')}"
+    example = f"{flag} {'weight_decay=0.1' if flag == '--set' else 'patch_size=4'}"
     kwargs: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -359,24 +320,15 @@ def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[s
     return kwargs
 
 
-def resolve_config(
-    config_class: type[TrainConfig],
-    base: Mapping[str, Any] | None = None,
-    layers: tuple[Mapping[str, Any], ...] = (),
-) -> TrainConfig:
-    """``config_class``'s defaults, then ``base`` (a recipe's values, or a resumed run's saved config),
-    then each of ``layers`` (a config file's values, then the flags), then the task's
-    :meth:`TrainConfig.finish`, checked.
-
-    Mappings (``model_kwargs``, ...) are merged key by key rather than replaced, except that a layer naming
-    a model that ``base``'s settings do not fit (:meth:`TrainConfig.same_model`) drops ``base``'s ``model_kwargs``.
-    Keys of ``base`` that are not fields of ``config_class`` are left out (a checkpoint written by an
-    older version); keys of ``layers`` must be fields.
-    """
+def resolve_config(config_class: type[TrainConfig], base: Mapping[str, Any] | None = None,
+                   layers: tuple[Mapping[str, Any], ...] = ()) -> TrainConfig:
+    """``config_class``'s defaults, then ``base`` (a recipe's values or a resumed run's config; keys that are no
+    field are dropped), then each of ``layers`` (a file's values, the flags: keys must be fields), then
+    :meth:`TrainConfig.finish`, checked. Mappings merge key by key, but a layer naming a model that ``base``'s
+    settings do not fit (:meth:`TrainConfig.same_model`) drops ``base``'s ``model_kwargs``."""
     fields = config_fields(config_class)
     base = {k: v for k, v in (base or {}).items() if k in fields}
-    checked = [{k: _check_value(config_class, k, v) for k, v in layer.items()}
-               for layer in (base, *layers)]
+    checked = [{k: _check_value(config_class, k, v) for k, v in layer.items()} for layer in (base, *layers)]
     base_model = checked[0].get("model")
     other_model = base_model is not None and any(
         "model" in layer and not config_class.same_model(base_model, layer["model"]) for layer in checked[1:])
@@ -390,10 +342,7 @@ def resolve_config(
 
 
 def validate_config(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with every value checked and coerced (ints to floats, lists to tuples), or ConfigError.
-
-    :func:`resolve_config` calls it; call it on a config built by hand.
-    """
+    """``cfg`` (built by hand, or by :func:`resolve_config`) with every value checked and coerced, or ConfigError."""
     config_class = type(cfg)
     cfg = config_class(**{name: _check_value(config_class, name, getattr(cfg, name)) for name in config_fields(config_class)})
     for klass in reversed(config_class.__mro__):

@@ -1,7 +1,5 @@
 """Generation's settings: the engine's, plus the latent space (``--vae``) and the loss weighting
-(``--min-snr-gamma``), with the model checked against the diffusion variants. The values that matter
-come from the recipe chosen for the data (``configs/generation/``).
-"""
+(``--min-snr-gamma``); the recipes (``configs/generation/``) set values for a data set."""
 
 from __future__ import annotations
 
@@ -25,17 +23,16 @@ class GenerationConfig(LongRangeConfig):
     model: str = setting("wf_dit_s_2", help="the diffusion model: wf_dit_{s,b,l,xl}_{2,4,8} (WeightFormer-DiT), "
                                             "wf_dit_long_range_{s,b,l,xl}_{2,4,8} (its long-range design) or "
                                             "dit_{s,b,l,xl}_{2,4,8} (DiT, attention)")
-    # The small-data recipe sizes these two to the folder, so the recipes' values cannot be listed.
+    # The small-data recipe sizes these two to the folder, so their help says how.
     workers: int = setting(TrainConfig.workers,
                            help="data-loading processes per training process (default: 0 (offline); 4 (dit); "
                                 "small-data: 0 up to 2,000 training images, else 4)")
     epochs: int = setting(TrainConfig.epochs,
                           help="length of the schedule in epochs (default: 13 (offline); 80 (dit); small-data: "
                                "enough epochs for about 3,250 steps, 13 to 500)")
-    vae: Optional[str] = setting(None, metavar="PATH",
-                                 help="train in the latent space of the diffusers AutoencoderKL saved in this local "
-                                      "folder (e.g. stabilityai/sd-vae-ft-ema); latents are computed once and cached "
-                                      "(default: pixel space)")
+    vae: Optional[str] = setting(None, metavar="PATH", help="train in the latent space of the diffusers AutoencoderKL "
+                                 "saved in this local folder (e.g. stabilityai/sd-vae-ft-ema); latents are computed "
+                                 "once and cached (default: pixel space)")
     min_snr_gamma: Optional[float] = setting(None, metavar="GAMMA",
                                              help="weight the epsilon loss by min(SNR, GAMMA)/SNR, Min-SNR (arXiv "
                                                   "2303.09556), e.g. 1 or 5; none: uniform weights, as DiT")

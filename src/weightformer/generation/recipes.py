@@ -1,30 +1,28 @@
-"""Generation's recipes (``configs/generation/``) and the rule that picks one for the data: the offline
-job's for a bundled set; for an ImageFolder tree, DiT's from :data:`FULL_SCALE_IMAGES` training images on
-(its EMA averages over ~10k steps, and 80 epochs at batch 256 give 30k steps only from about 100,000 images;
-DiT trains from scratch, so ``--init`` does not count), else the small-data recipe, sized for the folder."""
+"""Generation's recipes (``configs/generation/``) and the rule that picks one: the offline job's for a bundled
+set; for an ImageFolder tree, DiT's from :data:`FULL_SCALE_IMAGES` training images on (DiT trains from scratch:
+``--init`` does not count), else the small-data recipe, sized for the folder."""
 
 from __future__ import annotations
 
 import math
-import statistics
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..data.builtin import BUILTIN_DATASETS
-from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, recipe_path
+from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, median_side
 
 __all__ = ["FULL_SCALE_IMAGES", "OFFLINE_STEPS", "SMALL_EPOCHS", "choose_recipe", "recipe", "recipes",
            "small_data_recipe"]
 
-FULL_SCALE_IMAGES = 100_000  # training images from which a folder gets DiT's recipe
+FULL_SCALE_IMAGES = 100_000  # DiT's recipe: its EMA spans ~10k steps, and 80 epochs at batch 256 give 30k
 OFFLINE_STEPS = 3_250  # the offline job's optimizer steps (13 epochs of 8,000 digits at batch 32)
 SMALL_EPOCHS = (13, 500)  # the small-data recipe's epochs: at least the offline job's, at most 500
 SIZE_SAMPLE = 16  # images whose size the small-data recipe reads (headers only) to choose img_size
 IN_PROCESS_IMAGES = 2_000  # the small-data recipe decodes up to this many training images in the training process
 
 
-def recipe(file: str) -> Recipe:
-    return load_recipe(recipe_path("generation", file))
+recipe = partial(load_recipe, task="generation")
 
 
 def recipes() -> tuple[Recipe, ...]:
@@ -32,16 +30,13 @@ def recipes() -> tuple[Recipe, ...]:
 
 
 def _image_side(train: Path, vae: bool) -> tuple[int | None, int]:
-    """(the median short side of the first few readable images under ``train``, or None if none is
-    readable; the img_size for it): that side rounded down to a multiple of 4 (patch 4 tiles it), 16 to
-    64 px; with a VAE a multiple of 32 from 64 to 256 px (its latents, 8x smaller, still give patch 4 a
-    grid). 32 px when no image is readable."""
-    from ..data.images import image_sizes  # PIL and torch: here, so the command line starts without them
-
-    sides = [min(size) for size in image_sizes(train, SIZE_SAMPLE)]
-    if not sides:
+    """(the median short side of the first images under ``train`` or None, the img_size for it): that side rounded
+    down to a multiple of 4 (patch 4 tiles it), 16 to 64 px; with a VAE to a multiple of 32, 64 to 256 px (its 8x
+    smaller latents still give patch 4 a grid); 32 px when no image is readable."""
+    median = median_side(train, SIZE_SAMPLE)
+    if median is None:
         return None, 32
-    side = int(statistics.median(sides))
+    side = int(median)
     step, low, high = (32, 64, 256) if vae else (4, 16, 64)
     return side, min(max(side // step * step, low), high)
 
@@ -57,10 +52,8 @@ def small_data_recipe(train: Path, images: int, settings: Mapping[str, Any]) -> 
     steps_per_epoch = max(images // batch, 1)
     epochs = min(max(math.ceil(OFFLINE_STEPS / steps_per_epoch), SMALL_EPOCHS[0]), SMALL_EPOCHS[1])
     given = settings.get("img_size")
-    if given is not None:
-        sized = f"the img_size given, {given} px"
-    else:
-        sized = f"{img_size} px for its {side} px images" if side else f"{img_size} px (no image read)"
+    sized = (f"the img_size given, {given} px" if given is not None else
+             f"{img_size} px for its {side} px images" if side else f"{img_size} px (no image read)")
     steps = "1 step" if steps_per_epoch == 1 else f"{steps_per_epoch} steps"
     return (small.sized(img_size=img_size, epochs=epochs, workers=0 if images <= IN_PROCESS_IMAGES else 4),
             f"{sized}, {epochs} epochs of {steps} at batch {batch} (~{epochs * steps_per_epoch} steps)")

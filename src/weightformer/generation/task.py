@@ -135,9 +135,8 @@ class GenerationTask(Task):
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, float]:
-        """The hybrid loss on the val split; each batch draws its timesteps and noise from a generator
-        seeded by (seed, rank, its first index), so every evaluation sees the same draws and the loop's
-        generators are untouched."""
+        """The hybrid loss on the val split, each batch's timesteps and noise drawn from a generator seeded by
+        (seed, rank, its first index): every evaluation sees the same draws, the loop's generators untouched."""
         import torch
 
         from ..engine.distributed import all_reduce_sum

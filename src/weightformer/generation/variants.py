@@ -1,13 +1,10 @@
 """The named WeightFormer-DiT and DiT sizes, registered with timm (``timm.create_model("wf_dit_s_2")``).
 
-- ``wf_dit_{s,b}_{2,4,8}``: the release's WF-DiT-S and -B, depth 15 (DiT's 12 blocks, made deeper
-  to match DiT's parameters: a WeightFormer block has no 4C² attention projections), widths 384 and 768.
-- ``wf_dit_{l,xl}_{2,4,8}``: DiT-L and -XL widths (1024, 1152) for scaling runs. Not released: their
-  depths, 30 and 35, are DiT's 24 and 28 scaled by the release's 15/12.
-- ``wf_dit_long_range_{s,b,l,xl}_{2,4,8}`` ("WF-DiT-Long-Range-S/2", ...): WF-DiT with the classifier's
-  long-range design (:data:`weightformer.models.weightformer_long_range.LONG_RANGE_ARGS`: the ``double_centered``
-  linear predictor in every block), at WF-DiT's sizes. Not released; docs/generation.md measures it.
-- ``dit_{s,b,l,xl}_{2,4,8}``: the attention DiT baseline, DiT's own configs (depth 12/12/24/28, 6/12/16/16 heads).
+- ``wf_dit_{s,b}_{2,4,8}``: the release's WF-DiT-S and -B, depth 15 (deeper than DiT's 12 to match its
+  parameters: a WeightFormer block has no 4C² attention projections); ``wf_dit_{l,xl}_*``: DiT-L and -XL
+  widths at depths 30 and 35 (DiT's 24 and 28 times 15/12), not released.
+- ``wf_dit_long_range_*``: WF-DiT with the classifier's long-range design (``LONG_RANGE_ARGS`` of
+  models/weightformer_long_range.py), not released; ``dit_*``: the attention DiT baseline, DiT's configs.
 
 Keyword arguments (``input_size``, ``in_channels``, ``num_classes``, ...) pass to :class:`WeightFormerDiT`.
 """

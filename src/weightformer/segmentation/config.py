@@ -1,8 +1,5 @@
-"""Segmentation's settings: the engine's, plus the classes of the data and how evaluation predicts.
-
-The defaults of the fields below are what every recipe shares; a run's recipe
-(:mod:`weightformer.segmentation.recipes`) sets the rest for its data.
-"""
+"""Segmentation's settings: the engine's, plus the classes of the data and how evaluation predicts; the
+recipes (``configs/segmentation/``) set values for a data set."""
 
 from __future__ import annotations
 
@@ -19,9 +16,7 @@ IGNORE_INDEX = 255  # the label that no loss or metric counts (mmseg's); defined
 __all__ = ["IGNORE_INDEX", "INFERENCE_MODES", "PROTOCOLS", "SegmentationConfig", "check_windows"]
 
 INFERENCE_MODES = ("whole", "slide")  # --inference
-# --protocol: the pyramid UperNet reads (weightformer.segmentation.model): BEiT's and Vim's four blocks
-# spread over the depth, or ViTDet's simple pyramid on the last block.
-PROTOCOLS = ("vim", "simple-pyramid")
+PROTOCOLS = ("vim", "simple-pyramid")  # --protocol: the pyramid UperNet reads (segmentation.model)
 
 
 @dataclass
@@ -32,21 +27,18 @@ class SegmentationConfig(LongRangeConfig):
                                           "folder with images/{training,validation}/ and "
                                           "annotations/{training,validation}/, or shapes, the offline set")
     model: str = setting("weightformer_tiny", help="the backbone: any timm model name")
-    # Read off the data when not given: shapes' 4; a folder's from ADE20K's objectInfo150.txt, else from
-    # its annotations (see weightformer.segmentation.data.folder_classes).
     num_classes: Optional[int] = setting(None, help="classes of the data (default: the data's: shapes' 4, ADE20K's "
                                                     "objectInfo150.txt, else the largest label in the annotations)")
-    reduce_zero_label: bool = setting(True, flag="--no-reduce-zero-label",
-                                      help="label 0 is a class (default: 0 is unlabelled and ignored, value v is "
-                                           "class v-1)")
+    reduce_zero_label: bool = setting(True, flag="--no-reduce-zero-label", help="label 0 is a class (default: 0 is "
+                                      "unlabelled and ignored, value v is class v-1)")
     seg_inference: str = setting("whole", flag="--inference", choices=INFERENCE_MODES,
                                  help="evaluate whole images, or overlapping crops")
     seg_crop: int = setting(512, flag="--crop", metavar="PX", help="sliding-window crop in pixels")
     seg_stride: int = setting(341, flag="--stride", metavar="PX", help="sliding-window stride in pixels")
-    seg_protocol: str = setting("simple-pyramid", flag="--protocol", choices=PROTOCOLS,
-                                help="the features UperNet reads: vim, four blocks spread over the depth at strides "
-                                     "4-32 (BEiT's and Vim's ViT UperNet, the paper's comparison), or simple-pyramid, "
-                                     "ViTDet's pyramid on the last block")
+    seg_protocol: str = setting("simple-pyramid", flag="--protocol", choices=PROTOCOLS, help="the features UperNet "
+                                "reads: vim, four blocks spread over the depth at strides 4-32 (BEiT's and Vim's ViT "
+                                "UperNet, the paper's comparison), or simple-pyramid, ViTDet's pyramid on the last "
+                                "block")
 
     RULES: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
         ("num_classes", lambda v: v is None or 1 <= v <= IGNORE_INDEX,

@@ -1,22 +1,20 @@
-"""Segmentation's recipes (``configs/segmentation/``) and the rule that picks one for the data: the offline
-job's for shapes; for an ADE20K-layout folder, the paper's ADE20K UperNet recipe (Vim's protocol) when
-``--init`` gives the backbone AND the folder holds at least :data:`FULL_SCALE_IMAGES` training images (half of
-ADE20K's, so its 95 epochs still take about 30k steps at batch 32), else fine-tuning ``--init``, else the
-shapes recipe from scratch; the last two on crops sized for the folder's images."""
+"""Segmentation's recipes (``configs/segmentation/``) and the rule that picks one: the offline job's for shapes;
+for an ADE20K-layout folder, the paper's ADE20K recipe when ``--init`` gives the backbone and there are
+:data:`FULL_SCALE_IMAGES` training images, else fine-tuning ``--init``, else learning from scratch, both on crops
+sized to the folder's images."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..data.errors import DataError
-from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, recipe_path
+from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, median_side
 from .synthetic import SHAPES_NAME
 
 __all__ = ["FULL_SCALE_IMAGES", "choose_recipe", "recipe", "recipes"]
 
-FULL_SCALE_IMAGES = 10_000  # training images from which a folder with --init gets the paper's recipe
+FULL_SCALE_IMAGES = 10_000  # half of ADE20K's: its 95 epochs still take about 30k steps at batch 32
 SMALL_CROP = 256  # the small-data recipes' training crop, for photographs
 SAMPLED_IMAGES = 32  # images whose sizes pick a smaller crop for small images (headers only)
 ADE20K = "ade20k_upernet_weightformer_s_vim_60k.yaml"
@@ -24,7 +22,7 @@ ADE20K = "ade20k_upernet_weightformer_s_vim_60k.yaml"
 
 def recipe(file: str, crop: int = SMALL_CROP) -> Recipe:
     """The recipe in ``file``; the small-data ones on ``crop`` px crops, with a stride of two thirds of it."""
-    loaded = load_recipe(recipe_path("segmentation", file))
+    loaded = load_recipe(file, "segmentation")
     if file not in ("small-data.yaml", "fine-tune.yaml") or crop == SMALL_CROP:
         return loaded
     return loaded.sized(img_size=crop, seg_crop=crop, seg_stride=round(crop * 2 / 3))
@@ -35,18 +33,15 @@ def recipes() -> tuple[Recipe, ...]:
 
 
 def _crop_for(train_dir: Path) -> tuple[int, str]:
-    """The small-data crop for the images of ``train_dir``: :data:`SMALL_CROP`, or, for smaller images,
-    the median short side of the first :data:`SAMPLED_IMAGES` (read from their headers) rounded down to
-    a multiple of 32 (the backbone's coarsest stride), at least 64; and what the reason says about it."""
-    from ..data.images import image_sizes  # here, as below: the CLI starts without numpy/PIL
+    """The small-data crop for ``train_dir``'s images, and what the reason says of it: :data:`SMALL_CROP`, or for
+    smaller images their median short side rounded down to a multiple of 32 (the coarsest stride), at least 64."""
     from .data import IMAGE_EXTENSIONS  # here: segmentation.data imports torch, and the CLI starts without it
 
-    sides = [min(size) for size in image_sizes(train_dir, SAMPLED_IMAGES, IMAGE_EXTENSIONS)]
-    if not sides or statistics.median(sides) >= SMALL_CROP:
+    median = median_side(train_dir, SAMPLED_IMAGES, min, IMAGE_EXTENSIONS)
+    if median is None or median >= SMALL_CROP:
         return SMALL_CROP, ""
-    median = int(statistics.median(sides))
-    crop = max(64, median // 32 * 32)
-    return crop, f"; {crop} px crops, as its images are small (median short side {median} px)"
+    crop = max(64, int(median) // 32 * 32)
+    return crop, f"; {crop} px crops, as its images are small (median short side {int(median)} px)"
 
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:

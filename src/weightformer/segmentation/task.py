@@ -1,9 +1,5 @@
-"""Segmentation as a task: ADE20K-layout data (or the offline ``shapes`` set), an UperNet on a timm
-backbone (commands: :mod:`.cli`); ``--img-size`` is the training crop.
-
-The loss is mmseg's: pixel-wise cross-entropy averaged over all pixels of the batch (ignored ones
-add zero), plus ``aux_weight`` times the same loss on the auxiliary head's logits.
-"""
+"""Segmentation as a task: ADE20K-layout data (or the offline ``shapes`` set), an UperNet on a timm backbone
+(commands: :mod:`.cli`); ``--img-size`` is the training crop."""
 
 from __future__ import annotations
 
@@ -33,18 +29,15 @@ def _cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 
     from .data import IGNORE_INDEX
 
-    # mean over every pixel, ignored ones included (mmseg's avg_non_ignore=False): never NaN on an all-ignored crop
+    # mmseg's: the mean over every pixel, ignored ones adding 0 (avg_non_ignore=False), never NaN on an ignored crop
     return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="none").mean()
 
 
-def training_loss(
-    model: nn.Module, batch: SegmentationBatch, device: torch.device, aux_weight: float = 0.4
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of a batch (main cross-entropy plus ``aux_weight`` times the auxiliary one, if the model
-    has that head) and each detached term to log: ``decode`` and ``aux``. ``model`` is an
-    :class:`~weightformer.models.upernet.UperNet`, possibly wrapped in DistributedDataParallel."""
-    images = batch.images.to(device, non_blocking=True)
-    labels = batch.labels.to(device, non_blocking=True)
+def training_loss(model: nn.Module, batch: SegmentationBatch, device: torch.device,
+                  aux_weight: float = 0.4) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of a batch (cross-entropy plus ``aux_weight`` times the auxiliary head's, if the UperNet has that
+    head) and each detached term to log: ``decode`` and ``aux``."""
+    images, labels = batch.images.to(device, non_blocking=True), batch.labels.to(device, non_blocking=True)
     logits, aux_logits = model(images, with_aux=True)  # (B, K, H, W) each; model may be DDP-wrapped
     terms = {"decode": _cross_entropy(logits, labels)}
     if aux_logits is not None:
@@ -57,8 +50,7 @@ def build_segmenter(meta: Mapping[str, Any]) -> nn.Module:
     ``out_indices`` and the backbone's timm arguments (a keyword neither takes is a ConfigError)."""
     from .model import build_upernet
 
-    kwargs = meta["model_kwargs"]
-    protocol = meta["protocol"]
+    kwargs, protocol = meta["model_kwargs"], meta["protocol"]
     with model_arguments_checked(f"an UperNet on {meta['model']} ({protocol} protocol)", kwargs,
                                  " (head widths: channels, pyramid_channels, aux_channels, pool_scales; "
                                  "the vim protocol's out_indices)"):
