@@ -33,22 +33,17 @@ EXIT_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: auto, i.e. cuda where a GPU is visible, else cpu)"
 
 DESCRIPTION = """\
-Speed and memory benchmarks: throughput, peak memory, FLOPs and parameters of WeightFormer against
-timm's DeiT, written as results.json, results.csv, results.md and scaling.png.
+Speed and memory of WeightFormer against timm's DeiT: throughput, peak memory, FLOPs and parameters, written
+as results.json, results.csv, results.md and scaling.png.
 
-A bare `weightformer bench` runs the full sweep: WeightFormer-T (fast, naive, checkpointed) and DeiT-T
-(fused and explicit attention), WeightFormer-S and DeiT-S, at 224-2048 px, inference, training steps,
-FLOPs, and the extra peak memory of one inference call at every resolution and of one training step
-at every training resolution (each model in a fresh process): about 20 minutes on an idle 2-core
-machine, more on a slower or busier one. For a quick look use --quick (WeightFormer-T and DeiT-T,
-inference and FLOPs at 224 and 448 px: about 30 s there), or pick models and resolutions.
+A bare `weightformer bench` runs the full sweep: WeightFormer-T (fast, naive, checkpointed), DeiT-T (fused
+and explicit attention), WeightFormer-S and DeiT-S at 224-2048 px: inference, training steps, FLOPs and the
+extra peak memory of each call in a fresh process (about 20 minutes on an idle 2-core machine). --quick:
+WeightFormer-T and DeiT-T, inference and FLOPs at 224 and 448 px (about 30 s there).
 
-Each point is saved to points.jsonl in --out as soon as it is measured: a sweep that is killed keeps
-its points, and the same command with --resume measures only the rest.
-
-Nothing is written over unasked: an --out that already holds results of an earlier sweep (the
-committed benchmarks/results/<device type> included) is refused before any measurement; --overwrite
-moves them aside (<name>.previous-<time>, never deleted), --resume continues their points.jsonl."""
+Each point is saved to points.jsonl in --out when measured, so --resume measures only the rest of a killed
+sweep. An --out holding earlier results (the committed benchmarks/results/<device type> included) is
+refused before any measurement; --overwrite moves them aside (<name>.previous-<time>, never deleted)."""
 
 
 # ------------------------------------------------------------------------------------ values and checks

@@ -20,7 +20,6 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from PIL import Image
 
 from .errors import DataError
 

@@ -1,5 +1,5 @@
 """What a task is (settings, recipes, data, model, loss, evaluation, the model a checkpoint's ``meta`` describes);
-its command line is its :class:`~.cli.TaskCLI`. A task draws randomness only from the generators the loop seeds
+its command line is its :class:`~.commands.TaskCLI`. A task draws randomness only from the generators the loop seeds
 and checkpoints, or per-sample seeds (:class:`weightformer.data.SeededTransformDataset`), so a resumed run equals
 an uninterrupted one. No torch at a task module's top: ``--help`` reads only the class and its recipes."""
 

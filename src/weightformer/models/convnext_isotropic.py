@@ -3,11 +3,10 @@ patchify stem, ``depth`` blocks at one width and resolution, mean over tokens, L
 """
 
 from functools import partial
-from typing import Optional
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import LayerNorm2d, get_device_dtype
+from timm.layers import LayerNorm2d
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import named_apply, reinit_non_persistent_buffers
@@ -15,7 +14,7 @@ from timm.models.convnext import ConvNeXtBlock
 from timm.models.vision_transformer import global_pool_nlc, init_weights_reset_parameters
 from torch import Tensor, nn
 
-from .weightformer import check_global_pool, rewound_rng
+from .weightformer import LinearClassifier, check_global_pool, rewound_rng
 
 __all__ = ["ConvNeXtIsotropic"]
 
@@ -23,7 +22,7 @@ __all__ = ["ConvNeXtIsotropic"]
 LAYER_SCALE_INIT = 1e-6
 
 
-class ConvNeXtIsotropic(nn.Module):
+class ConvNeXtIsotropic(LinearClassifier, nn.Module):
     """Patchify stem, ``depth`` ConvNeXt blocks at one resolution, pooled linear head (timm API subset).
     ``global_pool``: one of WeightFormer's :data:`~weightformer.models.weightformer.GLOBAL_POOLS`; with "" the
     head normalises and classifies each position of the grid, giving (B, classes, h, w)."""
@@ -57,19 +56,6 @@ class ConvNeXtIsotropic(nn.Module):
         for block in self.blocks:
             nn.init.constant_(block.gamma, LAYER_SCALE_INIT)
         reinit_non_persistent_buffers(self)
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        if global_pool is not None:
-            check_global_pool(global_pool)
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        dd = get_device_dtype(self)  # the device and dtype of the model's first parameter
-        self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
-        self.head.train(self.training)
 
     def forward_features(self, x: Tensor) -> Tensor:  # (B, C_in, H, W) -> (B, C, h, w)
         return self.blocks(self.stem(x))

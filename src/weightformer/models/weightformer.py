@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, PatchEmbed, nchw_to, to_2tuple
+from timm.layers import DropPath, PatchEmbed, get_device_dtype, nchw_to, to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
@@ -244,7 +244,24 @@ class Block(nn.Module):
         return stream
 
 
-class WeightFormer(nn.Module):
+class LinearClassifier:
+    """timm's classifier API over ``self.head``, a linear layer on ``self.embed_dim`` pooled features."""
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        if global_pool is not None:
+            check_global_pool(global_pool)
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        dd = get_device_dtype(self)  # the device and dtype of the model's first parameter
+        self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
+
+
+class WeightFormer(LinearClassifier, nn.Module):
     """WeightFormer classifier, with timm's model API (features, intermediates, classifier reset)."""
 
     def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 16, in_chans: int = 3,
@@ -320,20 +337,6 @@ class WeightFormer(nn.Module):
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        if global_pool is not None:
-            check_global_pool(global_pool)
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        ref = self.norm_pre.weight
-        self.head = (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
-                     if num_classes > 0 else nn.Identity())
-        self.head.train(self.training)
 
     @torch.jit.ignore
     def set_implementation(self, name: str) -> None:

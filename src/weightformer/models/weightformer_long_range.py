@@ -5,7 +5,6 @@ from typing import Any, Collection
 
 from timm.models import generate_default_cfgs, register_model
 
-from ..layers import long_range_predictors  # noqa: F401  (registers the double_centered predictor)
 from .weightformer import WeightFormer, _cfg, _create_weightformer
 
 __all__ = ["LONG_RANGE_ARGS", "name_unversioned_predictor", "weightformer_long_range_small",
