@@ -367,7 +367,7 @@ def test_tasks_on_the_same_data_get_their_own_default_run_folder():
     from weightformer.engine import TrainConfig
     from weightformer.segmentation import SegmentationTask
 
-    cfg = TrainConfig(data="shapes")
+    cfg = TrainConfig(data="shapes", model="weightformer_tiny")  # TrainConfig names no model of its own
     folders = [train_module._default_output(cfg, task) for task in (ClassificationTask, DetectionTask, SegmentationTask)]
     assert folders == ["runs/shapes_weightformer_tiny", "runs/det_shapes_weightformer_tiny",
                        "runs/seg_shapes_weightformer_tiny"]
