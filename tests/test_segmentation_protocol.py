@@ -6,8 +6,11 @@
    backbone's width; UPerHead as wide as the backbone; the auxiliary FCN head on level 2.
 8. Recipe (seg/configs/vim/upernet/upernet_vim_small_24_512_slide_60k.py): AdamW 1e-4 at 4 x 8 images,
    weight decay 0.05, layer decay 0.92, poly with 1500 linear warm-up steps, 60k steps, slide 512/341.
-9. Sliding inference (mmseg's EncoderDecoder.slide_inference): a side shorter than the crop is decoded as
-   it is, not zero-padded to the crop.
+   Layer decay (BEiT's LayerDecayOptimizerConstructor, which Vim's seg/mmcv_custom carries): the rule matches
+   ``backbone.blocks.<i>``; Vim's backbone names its blocks ``layers``, so Vim's runs decay the stem alone.
+9. Sliding inference (mmseg's EncoderDecoder.slide_inference, which decodes a side shorter than the crop as
+   it is): here the image is zero-padded to the crop once, so every window is exactly the crop (a named
+   difference: a WeightFormer's output depends on its whole canvas, and training crops are padded to the crop).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from torch import nn
 from weightformer.engine.config import load_config_file, validate_config
 from weightformer.engine.distributed import DistInfo
 from weightformer.engine.errors import ConfigError
-from weightformer.models.layer_decay import layer_decay_param_groups
 from weightformer.models.multiblock_pyramid import MultiBlockPyramid, spread_indices
 from weightformer.models.pyramid import SimpleFeaturePyramid, build_backbone
 from weightformer.segmentation import build_upernet, slide_inference, whole_inference
@@ -171,18 +173,51 @@ def test_every_trainable_parameter_gets_a_gradient_and_the_final_norm_is_frozen(
     assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
 
 
-def test_layer_decay_gives_the_neck_the_full_rate_and_skips_the_frozen_norm():
-    """BEiT's LayerDecayOptimizerConstructor (Vim's): block i of L at decay ** (L - i), the neck and heads at 1."""
+def _beit_lr_scale(name: str, num_layers: int, rate: float) -> float:
+    """BEiT's LayerDecayOptimizerConstructor, restated (beit/semantic_segmentation/mmcv_custom/
+    layer_decay_optimizer_constructor.py, the file Vim's seg/mmcv_custom uses): layer 0 for backbone.pos_embed,
+    cls_token, mask_token and backbone.patch_embed.*, i + 1 for backbone.blocks.<i>.*, num_layers + 1 for every
+    other name (the rest of the backbone, the neck, the heads); scale rate ** (num_layers + 1 - layer)."""
+    if name in ("backbone.cls_token", "backbone.mask_token", "backbone.pos_embed") or \
+            name.startswith("backbone.patch_embed"):
+        layer = 0
+    elif name.startswith("backbone.blocks"):
+        layer = int(name.split(".")[2]) + 1
+    else:
+        layer = num_layers + 1
+    return rate ** (num_layers + 1 - layer)
+
+
+def test_beits_layer_decay_rule_leaves_vims_own_blocks_at_the_full_rate():
+    """Vim's config asks for 0.92 over 24 blocks; its backbone (VisionMamba) names them layers.<i>, so its runs
+    train every block, the final norm and the neck at the full rate and decay only the embeddings."""
+    vim_names = ["backbone.patch_embed.proj.weight", "backbone.pos_embed", "backbone.layers.0.mixer.in_proj.weight",
+                 "backbone.layers.23.mixer.in_proj.weight", "backbone.norm_f.weight", "backbone.fpn1.0.weight",
+                 "decode_head.conv_seg.weight"]
+    scales = {name: _beit_lr_scale(name, 24, 0.92) for name in vim_names}
+    assert scales["backbone.patch_embed.proj.weight"] == scales["backbone.pos_embed"] == pytest.approx(0.92 ** 25)
+    assert all(scales[name] == 1.0 for name in vim_names[2:])
+    assert _beit_lr_scale("backbone.blocks.0.attn.qkv.weight", 24, 0.92) == pytest.approx(0.92 ** 24)  # BEiT's own
+    assert _beit_lr_scale("backbone.blocks.23.attn.qkv.weight", 24, 0.92) == pytest.approx(0.92)
+
+
+@pytest.mark.parametrize("scope, blocks_named", [("per-block", "blocks"), ("stem-only", "layers")])
+def test_layer_decay_scope_is_beits_rule_on_blocks_or_on_vims_layers(scope: str, blocks_named: str):
+    """per-block (the default) is BEiT's rule on a backbone whose blocks are named blocks, as BEiT intended;
+    stem-only is the same rule on Vim's naming, what Vim's runs do. The frozen final norm is in no group."""
+    cfg = validate_config(SegmentationConfig(layer_decay=0.92, weight_decay=0.05, seg_layer_decay=scope))
     model = build_upernet(_tiny_backbone(depth=4), num_classes=3, protocol="vim", channels=16, aux_channels=8)
-    groups = layer_decay_param_groups(model, "pyramid.backbone", weight_decay=0.05, layer_decay=0.92)
+    groups = SegmentationTask(cfg).param_groups(model)
     scale_of = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
     for name, param in model.named_parameters():
-        if name.startswith("pyramid.levels.") or name.startswith("head.") or name.startswith("aux_head."):
-            assert scale_of[id(param)] == 1.0, name
-    block = model.pyramid.backbone.blocks
-    for i in range(4):
-        assert scale_of[id(next(block[i].parameters()))] == pytest.approx(0.92 ** (4 - i))
-    assert id(model.pyramid.backbone.norm.weight) not in scale_of
+        if not param.requires_grad:
+            assert id(param) not in scale_of and name.startswith("pyramid.backbone.norm."), name
+            continue
+        as_reference = (name.replace("pyramid.backbone.", "backbone.")
+                        .replace("backbone.norm_pre.", "backbone.patch_embed.norm.")  # the stem's own norm
+                        .replace("backbone.blocks.", f"backbone.{blocks_named}."))
+        assert scale_of[id(param)] == pytest.approx(_beit_lr_scale(as_reference, 4, 0.92)), name
+    assert len(scale_of) == sum(p.requires_grad for p in model.parameters())
 
 
 def test_each_protocol_refuses_the_others_options():
@@ -235,7 +270,7 @@ def test_each_config_names_the_reference_it_follows_first(path: Path, reference:
     assert path.read_text().splitlines()[0].startswith(f"# Follows {reference}")
 
 
-# -- 9. sliding inference on an image smaller than the crop ---------------------------------------------
+# -- 9. sliding inference on an image smaller than the crop: one canvas, the crop ----------------------
 
 
 class Recording(nn.Module):
@@ -270,16 +305,18 @@ def _mmseg_slide(model: nn.Module, images: torch.Tensor, crop: int, stride: int)
     return preds / count
 
 
-@pytest.mark.parametrize("size, windows", [((40, 60), [(40, 60)]), ((40, 100), [(40, 64), (40, 64)]),
-                                           ((90, 50), [(64, 50), (64, 50)])])
-def test_a_side_shorter_than_the_crop_is_decoded_as_it_is(size, windows):
+@pytest.mark.parametrize("size, windows", [((40, 60), 1), ((40, 100), 2), ((90, 50), 2), ((64, 64), 1)])
+def test_every_window_is_the_crop_a_shorter_side_padded_once(size, windows):
+    """mmseg's loop on the image zero-padded (bottom, right) to at least the crop, cut back to the image."""
     model = Recording()
     images = torch.randn(2, 3, *size)
+    canvas = F.pad(images, (0, max(64 - size[1], 0), 0, max(64 - size[0], 0)))
     with torch.no_grad():
         ours = slide_inference(model, images, crop=64, stride=43)
-        assert model.sizes == windows  # never padded to 64
-        torch.testing.assert_close(ours, _mmseg_slide(model, images, crop=64, stride=43))
-        if len(windows) == 1:
+        assert model.sizes == [(64, 64)] * windows
+        assert ours.shape[-2:] == size
+        torch.testing.assert_close(ours, _mmseg_slide(model, canvas, crop=64, stride=43)[..., :size[0], :size[1]])
+        if size == (64, 64):
             torch.testing.assert_close(ours, whole_inference(model, images))
 
 

@@ -1,6 +1,7 @@
 """Evaluating a segmenter: mIoU, mAcc and aAcc over a loader (:func:`evaluate`, the training loop's) or of a
-checkpoint (:func:`evaluate_checkpoint`, ``seg eval``). Each image is predicted on its own at its own size, its
-logits resized to the annotation's size, and scored over the whole split and all ranks."""
+checkpoint (:func:`evaluate_checkpoint`, ``seg eval``). Each image is predicted on its own at its own size
+(:func:`.inference.infer_each`, so no score depends on the batch size), its logits resized to the annotation's
+size, and scored over the whole split and all ranks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..engine.errors import ConfigError
 from ..engine.weights import LoadedModel, load_model
 from .config import INFERENCE_MODES, SegmentationConfig, check_windows
 from .data import IGNORE_INDEX, EvalTransform, SegmentationFolder, collate_segmentation, find_root
-from .inference import slide_inference, whole_inference
+from .inference import infer_each
 from .metrics import SegmentationMetric
 
 __all__ = ["eval_transform", "evaluate", "evaluate_checkpoint", "format_eval", "inference_settings", "load_segmenter"]
@@ -36,18 +37,13 @@ def eval_transform(img_size: int) -> EvalTransform:
 def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, device: torch.device,
              mode: str = "whole", crop: int = 512, stride: int = 341, amp: str = "none") -> dict[str, object]:
     """``mIoU``, ``mAcc``, ``aAcc`` and ``per_class_iou`` (percent) of ``model`` on the whole split, on every rank."""
-    if mode not in INFERENCE_MODES:
-        raise ValueError(f"inference mode {mode!r} is not one of {', '.join(INFERENCE_MODES)}")
     was_training = model.training
     model.eval()
     metric = SegmentationMetric(num_classes, IGNORE_INDEX, device=device)
-    for batch in loader:
-        for image, label, (h, w), (label_h, label_w) in zip(*batch):
-            image = image[None, :, :h, :w].to(device, non_blocking=True)  # (1, 3, h, w) without the padding
-            with autocast(device, amp):
-                logits = whole_inference(model, image) if mode == "whole" else \
-                    slide_inference(model, image, crop, stride)  # (1, K, h, w)
-            logits = F.interpolate(logits, size=(int(label_h), int(label_w)), mode="bilinear", align_corners=False)
+    for images, labels, image_sizes, label_sizes in loader:
+        each = infer_each(model, images.to(device, non_blocking=True), image_sizes.tolist(), mode, crop, stride, amp)
+        for logits, label, (label_h, label_w) in zip(each, labels, label_sizes.tolist()):  # (1, K, h, w) each
+            logits = F.interpolate(logits, size=(label_h, label_w), mode="bilinear", align_corners=False)
             metric.update(logits.argmax(1), label[None, :label_h, :label_w].to(device))
     metric.all_reduce()
     model.train(was_training)

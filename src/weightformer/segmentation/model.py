@@ -26,8 +26,7 @@ def _pyramid(backbone: nn.Module, protocol: str, pyramid_channels: Optional[int]
     if protocol == "vim":
         if pyramid_channels is not None:
             raise ValueError(f"pyramid_channels={pyramid_channels} is the simple-pyramid protocol's width, and the vim "
-                             f"protocol's levels keep the backbone's: leave it out (--model-kwargs "
-                             f"pyramid_channels=null where the recipe sets it), or use --protocol simple-pyramid")
+                             f"protocol's levels keep the backbone's: leave it out, or use --protocol simple-pyramid")
         return MultiBlockPyramid(backbone, out_indices)
     if out_indices is not None:
         raise ValueError(f"out_indices={list(out_indices)} is the vim protocol's, and the simple pyramid reads the "

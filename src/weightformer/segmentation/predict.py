@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
-from torch import Tensor, nn
+from torch import nn
 
 from ..data.errors import DataError
 from ..data.images import image_paths, read_image
@@ -23,7 +23,7 @@ from ..progress import progress
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
 from .evaluation import eval_transform, load_segmenter
-from .inference import slide_inference, whole_inference
+from .inference import infer
 from .synthetic import SHAPES_CLASSES
 
 __all__ = ["image_files", "palette", "predict", "predict_image", "write_prediction"]
@@ -54,8 +54,7 @@ def predict_image(model: nn.Module, image: Image.Image, transform: EvalTransform
     """(H, W) int64 classes of an RGB ``image``: resized as in evaluation, predicted, logits resized back."""
     pixels = TF.pil_to_tensor(image)  # (3, H, W) uint8
     resized, _ = transform(pixels, torch.empty(0))  # (3, h, w) normalised; the label is unused
-    batch: Tensor = resized[None].to(device)
-    logits = whole_inference(model, batch) if mode == "whole" else slide_inference(model, batch, crop, stride)
+    logits = infer(model, resized[None].to(device), mode, crop, stride)
     logits = F.interpolate(logits, size=pixels.shape[-2:], mode="bilinear", align_corners=False)  # (1, K, H, W)
     return logits.argmax(1)[0].cpu().numpy()
 

@@ -1,7 +1,8 @@
 """Segmentation's recipes (``configs/segmentation/``) and the rule that picks one: the offline job's for shapes;
 for an ADE20K-layout folder, the paper's ADE20K recipe when ``--init`` gives the backbone and there are
 :data:`FULL_SCALE_IMAGES` training images, else fine-tuning ``--init``, else learning from scratch, both on crops
-sized to the folder's images."""
+sized to the folder's images. A recipe's head and neck settings (:data:`.config.PROTOCOL_KWARGS`) are those of
+its own protocol: under another ``--protocol`` they are left out, and that protocol's own apply."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Mapping
 
 from ..data.errors import DataError
 from ..engine.recipes import Recipe, RecipeChoice, count_files, load_recipe, median_side
+from .config import DEFAULT_PROTOCOL, PROTOCOL_KWARGS
 from .synthetic import SHAPES_NAME
 
 __all__ = ["FULL_SCALE_IMAGES", "choose_recipe", "recipe", "recipes"]
@@ -46,6 +48,19 @@ def _crop_for(train_dir: Path) -> tuple[int, str]:
 
 def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     """See the module docstring."""
+    choice = _choose(data, settings)
+    own, protocol = choice.recipe.values.get("seg_protocol", DEFAULT_PROTOCOL), settings.get("seg_protocol")
+    kwargs = dict(choice.recipe.values.get("model_kwargs") or {})
+    left_out = [key for key in PROTOCOL_KWARGS if key in kwargs]
+    if protocol in (None, own) or not left_out:
+        return choice
+    kept = {key: value for key, value in kwargs.items() if key not in left_out}
+    return RecipeChoice(choice.recipe.sized(model_kwargs=kept),
+                        f"{choice.reason}; under --protocol {protocol} its {own} head and neck settings "
+                        f"({', '.join(f'{key}={kwargs[key]}' for key in left_out)}) are left out")
+
+
+def _choose(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
     from .data import IMAGE_EXTENSIONS, find_root  # here: segmentation.data imports torch
 
     if data == SHAPES_NAME:

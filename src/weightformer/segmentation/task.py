@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..checkpoint import CheckpointError
 from ..engine.errors import model_arguments_checked
@@ -52,8 +52,8 @@ def build_segmenter(meta: Mapping[str, Any]) -> nn.Module:
 
     kwargs, protocol = meta["model_kwargs"], meta["protocol"]
     with model_arguments_checked(f"an UperNet on {meta['model']} ({protocol} protocol)", kwargs,
-                                 " (head widths: channels, pyramid_channels, aux_channels, pool_scales; "
-                                 "the vim protocol's out_indices)"):
+                                 " or the --config file's model_kwargs (head widths: channels, pyramid_channels, "
+                                 "aux_channels, pool_scales; the vim protocol's out_indices)"):
         return build_upernet(meta["model"], meta["num_classes"], protocol=protocol, **kwargs)
 
 
@@ -89,6 +89,16 @@ class SegmentationTask(Task):
     def __init__(self, cfg: SegmentationConfig):
         super().__init__(cfg)
         self.img_size = cfg.img_size or 512
+
+    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
+        """The engine's layer-decay groups; under ``seg_layer_decay`` stem-only, every group but the stem's (the
+        lowest rate) at the full rate."""
+        groups = super().param_groups(model)
+        if groups is not None and self.cfg.seg_layer_decay == "stem-only":
+            stem = min(group["lr_scale"] for group in groups)
+            for group in groups:
+                group["lr_scale"] = stem if group["lr_scale"] == stem else 1.0
+        return groups
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         from .data import SegmentationFolder, TrainTransform, class_names, collate_segmentation, find_root, folder_classes
