@@ -101,7 +101,9 @@ class Task(ABC):
         return what was loaded, as a clause of the run's announcement. A checkpoint of this task (or any,
         without a backbone inside the model) fills the whole model, a classifier of another size left as
         initialised; any other fills only the backbone."""
-        from .weights import checkpoint_task, load_weights
+        from ..checkpoint import strip_wrapper_prefixes
+        from .registry import get_task
+        from .weights import checkpoint_task, load_weights, model_state_from
 
         saved = dict(ckpt.get("meta") or {})
         if self.backbone_path and saved.get("task") != self.name:  # another task's, or a classifier's weights
@@ -109,6 +111,10 @@ class Task(ABC):
                 raise CheckpointError(f"{source} holds a {saved['model']}, and this run's backbone is "
                                       f"{self.cfg.model}; pass --model {saved['model']} (with its model kwargs) or "
                                       f"another checkpoint")
+            inside = get_task(saved["task"]).backbone_path if saved.get("task") else None
+            if inside:  # another dense task's model: its backbone's weights, under the backbone's own names
+                state = strip_wrapper_prefixes(model_state_from(ckpt, False, source))
+                ckpt = {k.removeprefix(f"{inside}."): v for k, v in state.items() if k.startswith(f"{inside}.")}
             load_weights(model.get_submodule(self.backbone_path), ckpt, source=source, ignore_classifier=True)
             return f"; only its backbone ({self.cfg.model}): the neck and heads start fresh"
         checkpoint_task(ckpt, source, type(self))
