@@ -114,16 +114,20 @@ def test_transfer_refuses_another_probes_labels_as_eval_does(tmp_path, capsys):
     assert not (tmp_path / "t.png").exists()
 
 
-def test_eval_reads_grey_pngs_for_a_grey_model_as_predict_does(mnist_best, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def grey_digits(tmp_path_factory) -> Path:
+    """An ImageFolder val/ split of ten "L" PNG digits, one per class folder 0-9."""
     _, splits = open_dataset("mnist", splits=("val",), warn=False)
-    data = tmp_path / "digits"
-    for i in range(10):
-        (data / "val" / str(i)).mkdir(parents=True)
-    labels = splits["val"].labels
+    data = tmp_path_factory.mktemp("digits")
     for label in range(10):
-        index = int(np.flatnonzero(labels == label)[0])
-        splits["val"][index][0].save(data / "val" / str(label) / f"{index}.png")  # "L" PNGs
-    assert main(["eval", "--checkpoint", mnist_best, "--data", str(data), "--workers", "0",
+        index = int(np.flatnonzero(splits["val"].labels == label)[0])
+        (data / "val" / str(label)).mkdir(parents=True)
+        splits["val"][index][0].save(data / "val" / str(label) / f"{index}.png")
+    return data
+
+
+def test_eval_reads_grey_pngs_for_a_grey_model_as_predict_does(mnist_best, grey_digits, tmp_path):
+    assert main(["eval", "--checkpoint", mnist_best, "--data", str(grey_digits), "--workers", "0",
                  "--json", str(tmp_path / "r.json")]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["num_samples"] == 10
 
@@ -184,8 +188,9 @@ def test_one_image_path_is_one_image_in_every_predict_function(mnist_best, tmp_p
     assert "`weightformer.detection.predict(" not in dense and "weightformer.detection.predict.predict(" in dense
 
 
-def test_num_classes_in_model_kwargs_is_accepted_when_it_agrees_and_else_named(mnist_best, capsys):
-    base = ["eval", "--checkpoint", mnist_best, "--workers", "0", "--model", "weightformer_tiny", "--model-kwargs"]
+def test_num_classes_in_model_kwargs_is_accepted_when_it_agrees_and_else_named(mnist_best, grey_digits, capsys):
+    base = ["eval", "--checkpoint", mnist_best, "--data", str(grey_digits), "--workers", "0", "--model",
+            "weightformer_tiny", "--model-kwargs"]
     assert main([*base, "num_classes=10"]) == 0
     capsys.readouterr()
     assert main([*base, "num_classes=5"]) == 2
@@ -201,8 +206,8 @@ def test_train_with_a_name_instead_of_settings_is_a_type_error():
 def test_the_pipeline_runs_an_exported_grey_model_on_rgb_images_as_the_model_on_their_luma(mnist_best, tmp_path,
                                                                                          monkeypatch):
     """PIL's "L" rounds the luma to 8 bits before the model sees it; the folded stem sees it unrounded (and
-    the RGB resize rounds each channel): at most about 1.5 grey levels apart, which moves these logits by
-    well under 0.05."""
+    the RGB resize rounds each channel): at most about 1.5 grey levels apart, which moved the probabilities of
+    a 200-step model by at most 2.1e-5 over 64 random RGB images."""
     transformers = pytest.importorskip("transformers")
     import huggingface_hub.constants as hub_constants
     from timm.data import create_transform
@@ -228,7 +233,7 @@ def test_the_pipeline_runs_an_exported_grey_model_on_rgb_images_as_the_model_on_
     for image, probabilities in zip(images, expected):
         top = classify(image, top_k=10)
         got = torch.tensor([t["score"] for t in sorted(top, key=lambda t: int(t["label"]))])
-        torch.testing.assert_close(got, probabilities, rtol=0, atol=0.02)
+        torch.testing.assert_close(got, probabilities, rtol=0, atol=1e-3)
     # On grey images (R = G = B) there is no luma rounding: the same up to float arithmetic.
     grey = Image.fromarray(rng.integers(0, 256, (34, 40), dtype=np.uint8), "L")
     top = classify(grey.convert("RGB"), top_k=10)
