@@ -75,6 +75,11 @@ def test_a_resumed_run_writes_into_its_folder_and_a_branch_reports_its_own_files
     assert f"writing to {a}" in out and not (tmp_path / "runs").exists()
     assert len((a / "metrics.jsonl").read_text().splitlines()) == 2
     assert all(path.is_file() for path in _named_files(out)), out
+    # A finished run has nothing left to train: said in its folder, refused into another.
+    assert main(["train", "--resume", str(a / "last.pt")]) == 0
+    assert "nothing is left to train" in capsys.readouterr().out
+    assert main(["train", "--resume", str(a / "last.pt"), "--output", str(tmp_path / "c")]) == 2
+    assert "nothing is left to train" in _error_line(capsys) and not (tmp_path / "c").exists()
 
 
 def test_one_class_is_refused(tmp_path, capsys):

@@ -279,6 +279,13 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         state = restore(ckpt, str(resume_from), task, training, data, dist_info) if ckpt is not None else RunState()
         if ckpt is not None and _branches(resume_from, output):  # this folder's best.pt is the best reached here
             state.best_score = state.best_epoch = None
+        total_steps = cfg.epochs * data.steps_per_epoch
+        total_steps = total_steps if cfg.max_steps is None else min(cfg.max_steps, total_steps)
+        finished = ckpt is not None and (state.epoch >= cfg.epochs or state.global_step >= total_steps)
+        left = (f"{resume_from} has trained {state.global_step} of the run's {total_steps} steps ({cfg.epochs} "
+                f"epoch(s)), so nothing is left to train; pass a larger --epochs or --max-steps to train on")
+        if finished and _branches(resume_from, output):
+            raise ConfigError(f"{left} in {output}")
         if ckpt is None and cfg.init is not None:
             init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
@@ -294,9 +301,9 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         if ckpt is not None:
             truncate_metrics(output / "metrics.jsonl", state.epoch)
         _announce(cfg, data, training, dist_info, state, resume_from)
+        if finished:
+            print(f"note: {left}")
 
-    total_steps = cfg.epochs * data.steps_per_epoch
-    total_steps = total_steps if cfg.max_steps is None else min(cfg.max_steps, total_steps)
     progress = Progress(dist_info.is_main, cfg.log_interval, total_steps, state.global_step)
     stopped_by: Optional[str] = None
     try:
