@@ -169,6 +169,17 @@ def test_init_from_a_detection_checkpoint_loads_its_backbone_into_segmentation(t
     assert "only its backbone" in task.init_weights(model, meta, ckpt, "--init det.pt")
     loaded = model.get_submodule(SEG_BACKBONE).state_dict()
     assert all(torch.equal(loaded[k], backbone[k] + 1) for k in loaded)
+    # A classifier takes the same backbone; its head starts fresh.
+    from weightformer.classification.config import ClassificationConfig
+    from weightformer.classification.task import ClassificationTask
+
+    classifier = ClassificationTask(validate_config(ClassificationConfig(data="mnist")))
+    net = timm.create_model("weightformer_tiny", num_classes=2, embed_dim=32, depth=2)
+    head = net.head.weight.clone()
+    assert "the classifier starts fresh" in classifier.init_weights(net, {}, ckpt, "--init det.pt")
+    weights = net.state_dict()
+    assert torch.equal(weights["head.weight"], head)
+    assert all(torch.equal(weights[k], backbone[k] + 1) for k in backbone)
 
 
 def test_ablate_on_a_folder_says_it_is_a_folder(tmp_path, capsys):

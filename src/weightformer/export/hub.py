@@ -18,7 +18,6 @@ from timm.models._hub import generate_readme, get_model_args  # (not re-exported
 from torch import nn
 
 from ..data.folder import LUMA
-
 from ..engine.errors import ConfigError
 from ..engine.outputs import output_folder
 
