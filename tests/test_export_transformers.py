@@ -1,7 +1,8 @@
 """transformers loads a ``weightformer export --format hf`` folder through its timm wrapper, offline:
 ``AutoImageProcessor`` preprocesses as our evaluation does (checked against PIL and numpy written out
 here), ``AutoModelForImageClassification`` gives our logits and our class names, ``AutoModel`` our
-pooled features. For a classifier trained by our engine on MNIST digits and for models made with
+pooled features, and the pipeline runs. For a classifier trained by our engine on MNIST digits (exported
+taking RGB: PIL's luma weights folded into its stem) and for models made with
 ``timm.create_model`` (a WeightFormer, another timm architecture, and one timm read from a Hub folder).
 """
 
@@ -84,6 +85,7 @@ def logits_of(model: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_trained_mnist_classifier_loads_with_its_preprocessing_labels_and_logits(mnist_export):
+    """The 1-channel model is exported taking RGB (the pipeline's input): on grey images it is the model."""
     best, folder = mnist_export
     processor = AutoImageProcessor.from_pretrained(folder)
     model = AutoModelForImageClassification.from_pretrained(folder)
@@ -93,18 +95,18 @@ def test_a_trained_mnist_classifier_loads_with_its_preprocessing_labels_and_logi
     assert f'AutoModelForImageClassification.from_pretrained("{folder.name}")' in (folder / "README.md").read_text()
 
     images = digits()
-    pixels = processor(images)["pixel_values"]  # (2, 1, 28, 28)
-    # the checkpoint's preprocessing: squash to 28×28 (crop_pct 1), bilinear, MNIST mean/std
+    pixels = processor([im.convert("RGB") for im in images])["pixel_values"]  # (2, 3, 28, 28)
+    # the checkpoint's preprocessing: squash to 28×28 (crop_pct 1), bilinear, MNIST mean/std in each channel
     by_hand = np.stack([np.asarray(im.resize((28, 28), Image.BILINEAR), np.float32)[None] / 255 for im in images])
-    torch.testing.assert_close(pixels, torch.from_numpy((by_hand - MNIST_MEAN) / MNIST_STD).float(),
-                               rtol=0, atol=1e-6)
+    grey = torch.from_numpy((by_hand - MNIST_MEAN) / MNIST_STD).float()  # (2, 1, 28, 28)
+    torch.testing.assert_close(pixels, grey.expand(-1, 3, -1, -1), rtol=0, atol=1e-6)
     ours = load_model(best, task="classification")
     our_transform = create_transform(**eval_transform_config(ours.model, ours.meta, None), is_training=False)
-    assert torch.equal(pixels, torch.stack([our_transform(im) for im in images]))
+    assert torch.equal(pixels[:, :1], torch.stack([our_transform(im) for im in images]))
 
     with torch.no_grad():
         theirs = model(pixel_values=pixels).logits
-    torch.testing.assert_close(theirs, logits_of(ours.model, pixels), rtol=0, atol=LOGIT_TOLERANCE)
+    torch.testing.assert_close(theirs, logits_of(ours.model, pixels[:, :1]), rtol=0, atol=LOGIT_TOLERANCE)
 
 
 def test_automodel_gives_our_pooled_features(mnist_export):
@@ -113,7 +115,7 @@ def test_automodel_gives_our_pooled_features(mnist_export):
     ours = load_model(best, task="classification").model
     pixels = torch.randn(2, 1, 36, 44, generator=torch.Generator().manual_seed(0))  # another size
     with torch.no_grad():
-        pooled = backbone(pixel_values=pixels).pooler_output  # (2, embed_dim)
+        pooled = backbone(pixel_values=pixels.expand(-1, 3, -1, -1)).pooler_output  # (2, embed_dim)
         expected = ours.forward_head(ours.forward_features(pixels), pre_logits=True)
     torch.testing.assert_close(pooled, expected, rtol=0, atol=LOGIT_TOLERANCE)
 
@@ -160,13 +162,18 @@ def test_the_image_classification_pipeline_gives_our_probabilities(timm_export):
     np.testing.assert_allclose([t["score"] for t in top], probabilities[best].numpy(), rtol=0, atol=1e-6)
 
 
-def test_the_pipeline_refuses_a_one_channel_model_in_one_line(mnist_export):
-    """The pipeline converts every image to RGB; our model then names the channel mismatch."""
-    _, folder = mnist_export
-    classify = transformers.pipeline("image-classification", model=str(folder))
-    with pytest.raises(ValueError, match="expected 1 input channels, got 3") as refused:
-        classify(digits()[0])
-    assert "\n" not in str(refused.value)
+def test_the_pipeline_runs_a_one_channel_model_on_grey_images(mnist_export):
+    """The pipeline converts every image to RGB; the exported model takes it, and gives the model's
+    probabilities on the grey image (R = G = B: the folded luma weights sum to 1)."""
+    best, folder = mnist_export
+    image = digits()[0]
+    top = transformers.pipeline("image-classification", model=str(folder))(image, top_k=3)
+    ours = load_model(best, task="classification")
+    transform = create_transform(**eval_transform_config(ours.model, ours.meta, None), is_training=False)
+    probabilities = logits_of(ours.model, transform(image)[None]).softmax(-1)[0]  # (10,)
+    best3 = probabilities.argsort(descending=True)[:3].tolist()
+    assert [t["label"] for t in top] == [str(i) for i in best3]
+    np.testing.assert_allclose([t["score"] for t in top], probabilities[best3].numpy(), rtol=0, atol=1e-6)
 
 
 def test_another_timm_architecture_loads_too(tmp_path):

@@ -102,7 +102,8 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
     path = Path(path)
     where = f"ablation config {path}"
     if not path.is_file():
-        raise ConfigError(f"{where} does not exist; pass a YAML file such as configs/ablations/dynamic_period.yaml")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where} {what}; pass a YAML file such as configs/ablations/dynamic_period.yaml")
     try:
         raw = load_grid_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:

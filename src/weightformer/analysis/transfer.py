@@ -102,6 +102,9 @@ def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None 
     """Held-out top-1 (%) of each probe checkpoint at each canvas size, the glyphs drawn at the scale the
     checkpoint was trained with. ``data``: the probe (with options) to draw, default each checkpoint's own;
     ``val``: held-out images per size. Files, probes and sizes are all checked before the first evaluation."""
+    from ..classification.evaluate import check_data_fits
+    from ..data import builtin_info
+
     plans = []
     for path in paths:
         _, meta = load_probe_classifier(path)
@@ -110,7 +113,10 @@ def transfer_table(paths: Sequence[str], sizes: Sequence[int], data: str | None 
         if val is not None:
             drawn = _with_options(drawn, val=val)
         scale = glyph_scale(trained)
-        plans.append((path, meta, trained, [(size, probe_at(drawn, size, scale)) for size in sizes]))
+        canvases = [(size, probe_at(drawn, size, scale)) for size in sizes]
+        for _, name in canvases:  # the classes eval would refuse
+            check_data_fits(meta, builtin_info(name), path)
+        plans.append((path, meta, trained, canvases))
     rows = []
     for path, meta, trained, canvases in plans:
         accuracies = {}

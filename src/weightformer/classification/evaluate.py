@@ -124,7 +124,7 @@ def evaluate_checkpoint(checkpoint: Optional[str] = None, model: Optional[str] =
         data = data or meta.get("data")
         if data is None:
             raise DataError("no data to evaluate on; pass --data PATH (an ImageFolder with val/) or mnist")
-        info, splits = open_dataset(data, splits=("val",), warn=dist_info.is_main)
+        info, splits = open_dataset(data, splits=("val",), warn=dist_info.is_main, in_chans=meta.get("in_chans", 3))
         check_data_fits(meta, info, loaded.source)
         data_config = eval_transform_config(net, meta, img_size)
         net.to(dist_info.device)

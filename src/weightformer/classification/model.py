@@ -30,7 +30,12 @@ def build_classifier(meta: Mapping[str, Any], pretrained: bool = False) -> nn.Mo
     name = meta["model"]
     if not timm.is_model(name):
         raise CheckpointError(f"unknown timm model {name!r}; check the name with timm.list_models('{name[:8]}*')")
-    kwargs = meta["model_kwargs"]
+    kwargs = dict(meta["model_kwargs"])
+    for key, source in (("num_classes", "the classes of the data or checkpoint"), ("in_chans", "the data's images")):
+        if kwargs.get(key, meta[key]) != meta[key]:
+            raise ConfigError(f"--model-kwargs {key}={kwargs[key]}: {key} comes from {source} ({meta[key]} here), "
+                              f"not from --model-kwargs; drop it from --model-kwargs")
+        kwargs.pop(key, None)
     try:
         with model_arguments_checked(name, kwargs):
             return timm.create_model(name, pretrained=pretrained, num_classes=meta["num_classes"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from timm.data import ImageNetInfo, create_transform, infer_imagenet_subset
 from torch.utils.data import DataLoader, Dataset
 
 from ..data.folder import DECODE_ERRORS, rgb_loader
+from ..data.images import image_paths
 from ..engine.weights import LoadedModel
 from ..engine.outputs import output_file
 from ..progress import progress
@@ -81,9 +83,11 @@ class Predictions:
 
 
 @torch.no_grad()
-def predict(loaded: LoadedModel, files: Sequence[Path], top_k: int = 5, batch_size: int = 32,
-            img_size: int | None = None, workers: int = 0, device: str = "cpu") -> Predictions:
-    """Top-``top_k`` softmax probabilities of ``loaded``'s classes for each of ``files``, in order."""
+def predict(loaded: LoadedModel, files: str | os.PathLike | Sequence[str | os.PathLike], top_k: int = 5,
+            batch_size: int = 32, img_size: int | None = None, workers: int = 0, device: str = "cpu") -> Predictions:
+    """Top-``top_k`` softmax probabilities of ``loaded``'s classes for each of ``files`` (an image, or several;
+    a folder: the images under it), in order."""
+    files = image_paths(files)
     model = loaded.model.to(device).eval()
     names = class_names(loaded)
     data_config = eval_transform_config(model, loaded.meta, img_size)

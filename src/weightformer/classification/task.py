@@ -78,12 +78,15 @@ class ClassificationTask(Task):
         from timm.data import Mixup
         from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
-        from ..data import ArrayImageDataset, SeededTransformDataset, open_dataset, precompute
+        from ..data import ArrayImageDataset, DataError, SeededTransformDataset, open_dataset, precompute
         from ..data.transforms import build_transforms, eval_data_config
         from .model import pretrained_cfg
 
         cfg = self.cfg
         info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
+        if info.num_classes < 2:
+            raise DataError(f"{info.name} has one class ({info.classes[0]}), and a classifier needs at least two; "
+                            f"add a subfolder per class to train/ and val/")
         eval_config = eval_data_config(pretrained_cfg(cfg.model), in_chans=info.in_chans, img_size=self.img_size,
                                        interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=cfg.crop_mode,
                                        mean=info.mean, std=info.std)

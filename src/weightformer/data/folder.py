@@ -23,13 +23,15 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from ..progress import progress as progress_lines
 from .errors import DataError
 
-__all__ = ["FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "list_images", "load_image_folder", "scan_split"]
+__all__ = ["LUMA", "FolderSpec", "ImageFolderDataset", "SkippedImagesWarning", "gray_loader", "list_images",
+           "load_image_folder", "scan_split"]
 
 SPLITS = ("train", "val")
 # Pillow's modes for 16-bit samples: 16-bit grayscale PNG and TIFF open as I;16, 16-bit PGM as I.
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 # What PIL raises for a file it cannot decode (OSError covers a missing file and UnidentifiedImageError).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+LUMA = (0.299, 0.587, 0.114)  # PIL's RGB -> "L" weights (ITU-R 601-2 luma)
 SKIPPED_SHOWN = 3  # unreadable paths named in the warning line; all of them are on FolderSpec.skipped
 VERIFY_CHUNK = 256  # files per verification task
 PROGRESS_DELAY_S = 1.0  # progress bars appear only for scans that take longer than this
@@ -70,6 +72,12 @@ def rgb_loader(path: str) -> Image.Image:
             pixels = np.clip(np.asarray(img), 0, 65535).astype(np.uint32)
             img = Image.fromarray(((pixels + 128) // 257).astype(np.uint8))  # round(x / 257): 65535 -> 255
         return img.convert("RGB")
+
+
+def gray_loader(path: str) -> Image.Image:
+    """An image file as 8-bit grayscale: PIL's "L" (ITU-R 601-2 luma) of :func:`rgb_loader`'s RGB, as ``predict``
+    reads images for a 1-channel model."""
+    return rgb_loader(path).convert("L")
 
 
 def _entries(folder: str | os.PathLike, split_dir: Path) -> list[os.DirEntry]:
@@ -183,9 +191,10 @@ class ImageFolderDataset(Dataset):
 
 
 def load_image_folder(root: str | os.PathLike, splits: tuple[str, ...] = SPLITS, verify: bool = True,
-                      warn: bool = True) -> tuple[FolderSpec, dict[str, ImageFolderDataset]]:
-    """Scan ``root/<split>`` for each split: the tree's spec and ``{split: dataset}``. ``warn`` (the reporting
-    rank): one :class:`SkippedImagesWarning` line for unreadable files, and progress for a long scan."""
+                      warn: bool = True, in_chans: int = 3) -> tuple[FolderSpec, dict[str, ImageFolderDataset]]:
+    """Scan ``root/<split>`` for each split: the tree's spec and ``{split: dataset}``, whose images are RGB, or
+    grayscale for ``in_chans`` 1. ``warn`` (the reporting rank): one :class:`SkippedImagesWarning` line for
+    unreadable files, and progress for a long scan."""
     root_path = Path(root).expanduser()
     if not root_path.exists():
         raise DataError(f"data directory {root_path} does not exist; pass --data an ImageFolder tree "
@@ -209,4 +218,5 @@ def load_image_folder(root: str | os.PathLike, splits: tuple[str, ...] = SPLITS,
         warnings.warn(f"skipped {len(skipped)} unreadable image file(s) in {root_path} ({counts}), left out of the "
                       f"data: {shown}; replace them to use them", SkippedImagesWarning, stacklevel=2)
     spec = FolderSpec(root=str(root_path.resolve()), classes=tuple(scanned[first][0]), skipped=tuple(skipped))
-    return spec, {split: ImageFolderDataset(scanned[split][1], verified=verify) for split in splits}
+    loader = gray_loader if in_chans == 1 else rgb_loader
+    return spec, {split: ImageFolderDataset(scanned[split][1], loader=loader, verified=verify) for split in splits}

@@ -15,11 +15,11 @@ from .folder import DECODE_ERRORS, IMG_EXTENSIONS, list_images, rgb_loader
 __all__ = ["image_paths", "image_sizes", "read_image"]
 
 
-def image_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """The files named, a folder standing for every image file under it (sorted, recursively);
-    :class:`DataError` for a path that does not exist or a folder without images."""
+def image_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The files named (one path, or several), a folder standing for every image file under it (sorted,
+    recursively); :class:`DataError` for a path that does not exist or a folder without images."""
     files: list[Path] = []
-    for name in paths:
+    for name in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
         path = Path(name).expanduser()
         if path.is_dir():
             found = list_images(path, path)

@@ -109,6 +109,9 @@ class DetectionTask(Task):
         cfg = self.cfg
         root = data_root(cfg.data)
         train_split, val_split = find_split(root, "train", cfg.train_split), find_split(root, "val", cfg.val_split)
+        if train_split.name == val_split.name and dist_info.is_main:  # an overfitting check means it; others may not
+            print(f"note: the run trains and evaluates on the one split {train_split.name}, so its AP measures how "
+                  f"well it fits its training images, not how it generalises; pass another --val-split to measure that")
         train, val = CocoDetection(root, train_split.name), CocoDetection(root, val_split.name)
         if train.coco.cats != val.coco.cats:
             raise DataError(f"{root}: the {train.split} and {val.split} annotation files declare different categories; "

@@ -140,7 +140,10 @@ class StopFlag:
 
 
 def _default_output(cfg: TrainConfig, task: type[Task]) -> str:
-    """runs/<prefix><data>_<model>: tasks on the same data never share a folder."""
+    """``--resume PATH``: PATH's folder, the run it continues; else runs/<prefix><data>_<model>: tasks on the
+    same data never share a folder."""
+    if cfg.resume not in (None, "auto"):
+        return str(Path(cfg.resume).parent)
     return f"runs/{task.output_prefix}{Path(cfg.data).name}_{cfg.model}"
 
 
@@ -196,6 +199,9 @@ def prepare_config(overrides: Mapping[str, Any] | None = None, config_file: Opti
     under the ``config_file``'s values and then ``overrides`` (the flags). A resumed run's saved settings
     replace the recipe, so ``--resume auto`` alone continues the same run."""
     task = _task_class(task)
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise TypeError(f"the settings of a run are a mapping such as {{'data': 'mnist'}} or a "
+                        f"{task.config_class.__name__}, got the {type(overrides).__name__} {overrides!r:.80}")
     config_class = task.config_class
     flags = check_layer(config_class, dict(overrides or {}), "the arguments")
     from_file = check_layer(config_class, load_config_file(config_file), str(config_file)) if config_file else {}
@@ -271,6 +277,15 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         data = build_data(cfg, task, dist_info)
         training = build_training(cfg, task, data, dist_info)
         state = restore(ckpt, str(resume_from), task, training, data, dist_info) if ckpt is not None else RunState()
+        if ckpt is not None and _branches(resume_from, output):  # this folder's best.pt is the best reached here
+            state.best_score = state.best_epoch = None
+        total_steps = cfg.epochs * data.steps_per_epoch
+        total_steps = total_steps if cfg.max_steps is None else min(cfg.max_steps, total_steps)
+        finished = ckpt is not None and (state.epoch >= cfg.epochs or state.global_step >= total_steps)
+        left = (f"{resume_from} has trained {state.global_step} of the run's {total_steps} steps ({cfg.epochs} "
+                f"epoch(s)), so nothing is left to train; pass a larger --epochs or --max-steps to train on")
+        if finished and _branches(resume_from, output):
+            raise ConfigError(f"{left} in {output}")
         if ckpt is None and cfg.init is not None:
             init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
@@ -286,9 +301,9 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         if ckpt is not None:
             truncate_metrics(output / "metrics.jsonl", state.epoch)
         _announce(cfg, data, training, dist_info, state, resume_from)
+        if finished:
+            print(f"note: {left}")
 
-    total_steps = cfg.epochs * data.steps_per_epoch
-    total_steps = total_steps if cfg.max_steps is None else min(cfg.max_steps, total_steps)
     progress = Progress(dist_info.is_main, cfg.log_interval, total_steps, state.global_step)
     stopped_by: Optional[str] = None
     try:
@@ -422,6 +437,11 @@ def init_from_weights(task: Task, training: Training, path: str, dist_info: Dist
         print(f"initialised from the weights in {path}: a new run, with a new schedule{loaded}")
 
 
+def _branches(resumed_from: Path, output: Path) -> bool:
+    """Whether a run resumed from ``resumed_from`` writes into another folder than the checkpoint's."""
+    return resumed_from.parent.resolve() != output.resolve()
+
+
 def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: DistInfo, state: RunState,
               resumed_from: Optional[Path]) -> None:
     world_batch = data.batch_size * dist_info.world_size
@@ -439,6 +459,9 @@ def _announce(cfg: TrainConfig, data: TrainData, training: Training, dist_info: 
     if resumed_from is not None:
         print(f"resumed from {resumed_from} at epoch {state.epoch + 1}, step {state.step_in_epoch} "
               f"(global step {state.global_step})")
+        if _branches(resumed_from, Path(cfg.output)):
+            print(f"note: the run continues in {cfg.output}, not {resumed_from.parent}: best.pt, metrics.jsonl and "
+                  f"curves.png there cover the epochs trained there")
     print(f"writing to {cfg.output}", flush=True)
 
 

@@ -100,17 +100,26 @@ class Task(ABC):
         """Load ``--init`` weights (a read checkpoint of any format) into ``model`` (its meta ``meta``) and
         return what was loaded, as a clause of the run's announcement. A checkpoint of this task (or any,
         without a backbone inside the model) fills the whole model, a classifier of another size left as
-        initialised; any other fills only the backbone."""
-        from .weights import checkpoint_task, load_weights
+        initialised; any other fills only the backbone (another task's backbone too, from inside its model)."""
+        from ..checkpoint import strip_wrapper_prefixes
+        from .registry import get_task
+        from .weights import checkpoint_task, load_weights, model_state_from
 
         saved = dict(ckpt.get("meta") or {})
-        if self.backbone_path and saved.get("task") != self.name:  # another task's, or a classifier's weights
+        # the backbone inside another task's model ("" for a classifier, which is its backbone; None: none)
+        inside = get_task(saved["task"]).backbone_path if saved.get("task") not in (None, self.name) else None
+        if self.backbone_path is not None and (inside or (self.backbone_path and saved.get("task") != self.name)):
             if saved.get("model") not in (None, self.cfg.model):
                 raise CheckpointError(f"{source} holds a {saved['model']}, and this run's backbone is "
                                       f"{self.cfg.model}; pass --model {saved['model']} (with its model kwargs) or "
                                       f"another checkpoint")
-            load_weights(model.get_submodule(self.backbone_path), ckpt, source=source, ignore_classifier=True)
-            return f"; only its backbone ({self.cfg.model}): the neck and heads start fresh"
+            if inside:  # its backbone's weights, under the backbone's own names
+                state = strip_wrapper_prefixes(model_state_from(ckpt, False, source))
+                ckpt = {k.removeprefix(f"{inside}."): v for k, v in state.items() if k.startswith(f"{inside}.")}
+            backbone = model.get_submodule(self.backbone_path) if self.backbone_path else model
+            load_weights(backbone, ckpt, source=source, ignore_classifier=True)
+            fresh = "the neck and heads start" if self.backbone_path else "the classifier starts"
+            return f"; only its backbone ({self.cfg.model}): {fresh} fresh"
         checkpoint_task(ckpt, source, type(self))
         self.check_checkpoint(saved, meta, source, resuming=False)
         fresh = load_weights(model, ckpt, source=source, ignore_classifier=True)

@@ -11,10 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import timm
+import torch
 from timm.models import save_for_hf
-from timm.models._hub import generate_readme  # timm's model-card writer (not re-exported by timm.models)
+from timm.models._hub import generate_readme, get_model_args  # (not re-exported by timm.models)
 from torch import nn
 
+from ..data.folder import LUMA
 from ..engine.errors import ConfigError
 from ..engine.outputs import output_folder
 
@@ -43,7 +46,9 @@ def model_card(name: str, model: nn.Module, meta: Mapping[str, Any], run: Mappin
         "Model type": "Image classification / feature backbone",
         "Architecture": f"{meta['model']} ({cfg.get('paper_name', 'timm model')})",
         "Classes": model.num_classes,
-        "Input": f"{meta['in_chans']} × {meta.get('img_size', cfg.get('input_size', ('', 224))[-1])} px",
+        "Input": f"{meta['in_chans']} × {meta.get('img_size', cfg.get('input_size', ('', 224))[-1])} px"
+                 + (" (RGB: the grayscale model with PIL's luma weights folded into its stem)"
+                    if meta.get("rgb_from_luma") else ""),
         "Parameters (M)": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
     }
     if run.get("data"):
@@ -91,12 +96,39 @@ def to_hf(model: nn.Module, directory: str | Path, meta: Mapping[str, Any] | Non
         model_config["label_names"] = label_names if isinstance(label_names, dict) else list(label_names)
     if meta.get("data"):
         model_config["pretrained_cfg"] = {"tag": str(meta["data"]).replace("/", "_")}
+    rgb = _taking_rgb(model) if meta.get("in_chans") == 1 else None
+    if rgb is not None:  # transformers' pipeline converts every image to RGB
+        model, meta = rgb, _rgb_meta(meta)
     with output_folder(directory, overwrite) as tmp:
         save_for_hf(model, str(tmp), model_config=model_config, safe_serialization=True, data_config=_data_config(meta))
         _loadable_by_transformers(tmp / "config.json")
         name = repo_id.split("/")[-1] if repo_id else directory.name
         (tmp / "README.md").write_text(model_card(name, model, meta, run, command, repo_id), encoding="utf-8")
     return directory
+
+
+def _taking_rgb(model: nn.Module) -> nn.Module | None:
+    """A copy of a 1-channel ``model`` that takes RGB images: its stem's (out, 1, kh, kw) weights times PIL's luma
+    weights, (out, 3, kh, kw); None if it has no such stem. On an RGB image normalised with the grey mean and std
+    in each channel, it computes what ``model`` computes on the image's luma (PIL's "L" before PIL rounds it to
+    8 bits)."""
+    stem = f"{model.pretrained_cfg.get('first_conv') or 'patch_embed.proj'}.weight"
+    state = model.state_dict()
+    if stem not in state or state[stem].dim() != 4 or state[stem].shape[1] != 1:
+        return None
+    rgb = timm.create_model(model.pretrained_cfg["architecture"], **{**get_model_args(model), "in_chans": 3})
+    state[stem] = state[stem] * torch.tensor(LUMA, dtype=state[stem].dtype).view(1, 3, 1, 1)
+    rgb.load_state_dict(state)
+    rgb.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, *model.pretrained_cfg["input_size"][1:])}
+    return rgb.eval()
+
+
+def _rgb_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """``meta`` of a 1-channel model as the RGB copy of :func:`_taking_rgb` takes its input: its grey mean and
+    std in each channel."""
+    rgb = {**meta, "in_chans": 3, "rgb_from_luma": True}
+    rgb.update({k: [meta[k][0]] * 3 for k in ("mean", "std") if meta.get(k)})
+    return rgb
 
 
 def _loadable_by_transformers(config_file: Path) -> None:

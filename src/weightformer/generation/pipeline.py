@@ -97,12 +97,20 @@ def read_samples(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"{path}: no such file; pass the samples.npz written by weightformer gen sample")
     what = f"{path} is not a samples.npz written by weightformer gen sample"
     try:
-        with np.load(path, allow_pickle=False) as f:
-            images, labels = f["images"], f["labels"]
-    except KeyError as exc:
-        raise ConfigError(f"{what} (it has no {exc} array; it needs images and labels)") from None
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):  # a single .npy array
+            raise ValueError
+        with archive as f:
+            members, arrays = f.zip.namelist(), {k: f[k] for k in ("images", "labels") if k in f.files}
     except (OSError, ValueError, EOFError):  # not an .npz archive, or one of pickled objects (never unpickled)
         raise ConfigError(f"{what} (not a NumPy .npz archive of plain arrays)") from None
+    if any(name.endswith("data.pkl") for name in members):  # torch.save's zip layout
+        raise ConfigError(f"{what} but a PyTorch file (a checkpoint?); gen eval scores the samples.npz that "
+                          f"weightformer gen sample --checkpoint CKPT --out DIR writes: pass DIR/samples.npz")
+    missing = [k for k in ("images", "labels") if k not in arrays]
+    if missing:
+        raise ConfigError(f"{what} (it has no {' or '.join(missing)} array; it needs images and labels)")
+    images, labels = arrays["images"], arrays["labels"]
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
         raise ConfigError(f"{what}: its images are {images.dtype} {tuple(images.shape)}, and samples are uint8 "
                           f"(N, H, W, 1 or 3) in 0..255; convert float images in [0, 1] with (x * 255).round()")
