@@ -15,7 +15,7 @@ from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.task import Task, TaskData
 from . import synthetic
 from .cli import CLI
-from .config import LEGACY_FALLBACK_PROTOCOL, DetectionConfig, split_model_kwargs
+from .config import LEGACY_FALLBACK_PROTOCOL, DetectionConfig, canvas_side, split_model_kwargs
 
 if TYPE_CHECKING:  # imported where they run: the command line needs none of them
     import torch
@@ -60,7 +60,7 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
         pyramid = detection_pyramid(backbone, detector_kwargs.get("conv_dim", conv_dim), protocol)
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], protocol=protocol,
                               min_size=meta["img_size"], max_size=meta.get("max_size", meta["img_size"]),
-                              **detector_kwargs)
+                              canvas=meta.get("canvas"), **detector_kwargs)
 
 
 class DetectionTask(Task):
@@ -85,7 +85,8 @@ class DetectionTask(Task):
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
         """Format 0 may name no protocol (such runs trained as ``torchvision``) and keeps the detector's settings
-        inside ``model_kwargs``."""
+        inside ``model_kwargs``; formats 0 and 1 name no canvas (such runs padded each batch to a multiple of 32 of
+        its largest image): they get the smallest canvas that holds their resized images."""
         from ..engine.weights import with_missing
         from ..models.weightformer_long_range import name_unversioned_predictor
 
@@ -94,12 +95,19 @@ class DetectionTask(Task):
         meta = checkpoint["meta"]
         if "detector_kwargs" not in meta:
             backbone, detector = split_model_kwargs(meta.get("model_kwargs") or {})
-            checkpoint["meta"] = {**meta, "model_kwargs": backbone, "detector_kwargs": detector}
-        return checkpoint
+            meta = {**meta, "model_kwargs": backbone, "detector_kwargs": detector}
+        if "canvas" not in meta and "img_size" in meta:
+            meta = {**meta, "canvas": canvas_side(meta.get("max_size", meta["img_size"]))}
+        return {**checkpoint, "meta": meta}
 
     def __init__(self, cfg: DetectionConfig):
         super().__init__(cfg)
         self.img_size = cfg.img_size or DEFAULT_IMG_SIZE
+        self.max_size = cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size
+        self.canvas = cfg.det_canvas or canvas_side(self.max_size)
+        if self.canvas < self.max_size:
+            raise ConfigError(f"det_canvas {self.canvas} is smaller than the resized images' long side "
+                              f"{self.max_size}; pass --det-canvas {canvas_side(self.max_size)} or more, or drop it")
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         from .data import CocoDetection, collate
@@ -142,7 +150,7 @@ class DetectionTask(Task):
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
             "detector_kwargs": dict(cfg.detector_kwargs), **data.meta,
             "cascade": cfg.cascade, "protocol": cfg.det_protocol, "img_size": self.img_size,
-            "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
+            "max_size": self.max_size, "canvas": self.canvas,
             "data": cfg.data if cfg.data == synthetic.SHAPES_NAME else str(Path(cfg.data).expanduser().resolve()),
         }
         return build_detector(meta).to(device), meta
