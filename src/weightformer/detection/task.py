@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
@@ -121,6 +121,10 @@ class DetectionTask(Task):
         if train.coco.cats != val.coco.cats:
             raise DataError(f"{root}: the {train.split} and {val.split} annotation files declare different categories; "
                             "both must list the same ones")
+        empty = train.drop_unannotated()
+        if not len(train):
+            raise DataError(f"{train.annotation_file} has no image with an annotated object, so there is nothing to "
+                            "learn; the train split needs annotations")
         if not any(val.coco.getAnnIds(imgIds=val.image_ids, iscrowd=False)):
             raise DataError(f"{val.annotation_file} has no annotated object, so there is no AP to measure; "
                             "the val split needs annotations")
@@ -137,8 +141,9 @@ class DetectionTask(Task):
             augment = RandomFlip(cfg.hflip)
             sizes = f"flips, short side {self.img_size} and long side at most {cfg.det_max_size}"
         train_set = SeededJitterDataset(train, augment, seed=cfg.seed)
-        description = (f"data {cfg.data}: {len(train)} train ({train.split}) / {len(val)} val ({val.split}) images, "
-                       f"{categories} categories, {sizes}")
+        left_out = f", {empty} without objects left out" if empty else ""
+        description = (f"data {cfg.data}: {len(train)} train ({train.split}{left_out}) / {len(val)} val ({val.split}) "
+                       f"images, {categories} categories, {sizes}, padded to {self.canvas}²")
         names = val.class_names[1:]  # no background; padded with class<i> up to num_classes
         names += [f"class{i}" for i in range(len(names) + 1, num_classes + 1)]
         meta = {"num_classes": num_classes, "classes": names}
@@ -161,6 +166,29 @@ class DetectionTask(Task):
             if saved.get(key) != meta[key]:
                 raise CheckpointError(f"{source} has {key} {saved.get(key)} and this run {meta[key]}; pass {flag} to "
                                       f"match it{', or start a new run' if resuming else ''}")
+
+    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
+        """The engine's groups (timm's: no decay on any 1-D parameter; ``lr_scale`` with ``layer_decay``); under
+        a protocol with ``detectron2_heads`` (vitdet), split again as ViTDet's ``get_default_optimizer_params(
+        weight_decay_norm=0)`` with ``pos_embed`` at 0: every parameter decays, biases too, but those of norm
+        layers and position embeddings."""
+        from torch import nn
+
+        from .model import PROTOCOL_SETTINGS
+
+        groups = super().param_groups(model)
+        if not PROTOCOL_SETTINGS[self.cfg.det_protocol].detectron2_heads:
+            return groups
+        norms = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+        exempt = {id(p) for m in model.modules() if isinstance(m, norms) for p in m.parameters(recurse=False)}
+        exempt |= {id(p) for n, p in model.named_parameters() if n.rpartition(".")[2] == "pos_embed"}
+        split, decay = [], self.cfg.weight_decay
+        for group in groups or [{"params": [p for p in model.parameters() if p.requires_grad]}]:
+            for exempted in (False, True):
+                params = [p for p in group["params"] if (id(p) in exempt) == exempted]
+                if params:
+                    split.append({**group, "params": params, "weight_decay": 0.0 if exempted else decay})
+        return split
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
         loss, _ = training_loss(model, batch, device)
