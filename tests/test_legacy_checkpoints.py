@@ -81,7 +81,8 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     assert after["global_step"] == saved["global_step"] + 1
     # the same model, data and classes: nothing from another recipe. A dense run's meta names its
     # protocol: a legacy run, which names none, resumes as the protocol it was trained with.
-    protocol = {"det": {"protocol": "torchvision"}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
+    # A detection run's meta names its canvas: a legacy one gets the smallest that holds its images (64²).
+    protocol = {"det": {"protocol": "torchvision", "canvas": 64}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
     if folder == "det":  # a detection run's meta now keeps the detector's kwargs apart from the backbone's
         backbone, detector = split_model_kwargs(saved["meta"]["model_kwargs"])
         protocol = {**protocol, "model_kwargs": backbone, "detector_kwargs": detector}
@@ -111,7 +112,7 @@ def test_an_unversioned_checkpoint_is_upgraded_to_the_current_format(tmp_path: P
     detector = {k: v for k, v in kwargs.items() if k not in backbone}
     assert set(detector) >= {"conv_dim", "fc_dim", "rpn_pre_nms_top_n_train", "box_batch_size_per_image"}
     assert upgraded["meta"] == {**saved["meta"], "protocol": "torchvision", "model_kwargs": backbone,
-                                "detector_kwargs": detector}
+                                "detector_kwargs": detector, "canvas": 64}
     assert upgraded["config"] == {**saved["config"], "det_protocol": "torchvision"}
     assert read_checkpoint(LEGACY / "seg" / "best.pt")["meta"]["protocol"] == "simple-pyramid"
     # The oldest checkpoints name their best score best_<metric>.

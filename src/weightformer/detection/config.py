@@ -12,7 +12,7 @@ from ..long_range import LongRangeConfig
 from .synthetic import SHAPES_NAME as SHAPES
 
 __all__ = ["DEFAULT_PROTOCOL", "DETECTOR_KWARGS", "LEGACY_FALLBACK_PROTOCOL", "PROTOCOLS", "RESIZE_MODES",
-           "DetectionConfig"]
+           "SIZE_DIVISOR", "DetectionConfig", "canvas_side"]
 
 RESIZE_MODES = ("lsj", "shortest_edge")
 PROTOCOLS = ("vitdet", "torchvision")  # the detector's training protocols (detection.model.PROTOCOL_SETTINGS)
@@ -20,6 +20,12 @@ DEFAULT_PROTOCOL = "vitdet"  # a run's and build_maskrcnn's when nothing names o
 LEGACY_FALLBACK_PROTOCOL = "torchvision"  # only for reading a checkpoint or run that names no protocol
 # The detector's keyword arguments (build_maskrcnn's): its widths and torchvision's RPN and RoI-head settings.
 DETECTOR_KWARGS = ("conv_dim", "fc_dim", "rpn_", "box_", "bbox_")
+SIZE_DIVISOR = 32  # the pyramid's coarsest stride: a canvas side is a multiple of it
+
+
+def canvas_side(max_size: int) -> int:
+    """The smallest canvas that holds an image resized to long side ``max_size``."""
+    return SIZE_DIVISOR * -(-max_size // SIZE_DIVISOR)
 
 
 def _split_name(value: Optional[str]) -> bool:
@@ -47,6 +53,10 @@ class DetectionConfig(LongRangeConfig):
                               "(ViTDet); shortest_edge: short side --img-size, long side at most --det-max-size, "
                               "flips only (the 1x schedule)")
     det_max_size: int = setting(1333, help="shortest_edge: the long side's limit in pixels")
+    det_canvas: Optional[int] = setting(None, metavar="PIXELS", help="the square every image is padded to, in "
+                                        "training and evaluation alike, so that its detections do not depend on "
+                                        "its batch (default: the resized images' long side, img_size for lsj or "
+                                        "det_max_size for shortest_edge, rounded up to a multiple of 32)")
     train_split: Optional[str] = setting(None, metavar="NAME", help="the training split: images/NAME/ (or NAME/) and "
                                          "annotations/instances_NAME.json (default: train2017, else train)")
     val_split: Optional[str] = setting(None, metavar="NAME", help="the validation split (default: val2017, else val)")
@@ -56,6 +66,8 @@ class DetectionConfig(LongRangeConfig):
         ("det_resize", lambda v: v in RESIZE_MODES, "lsj or shortest_edge"),
         ("det_protocol", lambda v: v in PROTOCOLS, " or ".join(PROTOCOLS)),
         ("det_max_size", lambda v: v >= 1, "a positive number of pixels"),
+        ("det_canvas", lambda v: v is None or (v >= SIZE_DIVISOR and v % SIZE_DIVISOR == 0),
+         f"a multiple of {SIZE_DIVISOR} pixels, or null for the smallest that holds the images"),
         ("train_split", _split_name, "a split name such as train2017 (a folder name, not a path), or null to find it"),
         ("val_split", _split_name, "a split name such as val2017 (a folder name, not a path), or null to find it"),
     )

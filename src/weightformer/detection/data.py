@@ -60,6 +60,13 @@ class CocoDetection(Dataset):
         """The COCO category id of model label ``label`` (1..K)."""
         return self.category_ids[label - 1]
 
+    def drop_unannotated(self) -> int:
+        """Leave out the images with no non-crowd object (detectron2's ``filter_empty_annotations``, which
+        training applies and evaluation does not); returns how many were left out."""
+        kept = [i for i in self.image_ids if any(not a.get("iscrowd", 0) for a in self._annotations[i])]
+        dropped, self.image_ids = len(self.image_ids) - len(kept), kept
+        return dropped
+
     def _check_images(self) -> None:
         on_disk = {p.name for p in self.image_dir.iterdir()}
         names = (self.coco.imgs[i]["file_name"] for i in self.image_ids)

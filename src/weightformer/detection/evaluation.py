@@ -26,6 +26,7 @@ from ..engine.distributed import DistInfo, all_gather_objects, init_distributed,
 from ..engine.errors import ConfigError
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
+from .annotations import listed
 from .data import CocoDetection, collate
 from .layout import data_root, find_split, split_files
 from .visualize import save_visualizations
@@ -40,7 +41,7 @@ class CocoEvaluator:
     """Collects detections (in the stored image's pixels) image by image, then scores the images passed to
     :meth:`update` with COCOeval. ``category_ids[i]`` is the COCO category of model label ``i + 1``."""
 
-    def __init__(self, coco_gt: COCO, category_ids: Sequence[int], mask_threshold: float = 0.5):
+    def __init__(self, coco_gt: COCO, category_ids: Sequence[Optional[int]], mask_threshold: float = 0.5):
         self.coco_gt, self.category_ids, self.mask_threshold = coco_gt, list(category_ids), mask_threshold
         self.detections: dict[int, list[dict[str, Any]]] = {}  # image id -> its COCO result records
 
@@ -91,17 +92,23 @@ class CocoEvaluator:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, device: torch.device,
-             dist_info: Optional[DistInfo] = None) -> dict[str, float]:
+             dist_info: Optional[DistInfo] = None,
+             category_ids: Optional[Sequence[Optional[int]]] = None) -> dict[str, float]:
     """COCO box and mask AP (percent) of ``model`` over ``loader`` of ``dataset`` (or of a shard of it on each
-    rank of ``dist_info``: the detections are gathered, so every rank returns the same), and the image count."""
+    rank of ``dist_info``: the detections are gathered, so every rank returns the same), and the image count.
+    ``category_ids[i]``: the category of model label ``i + 1`` (default ``dataset.category_ids``; None where
+    the data has none, :func:`matched_categories`)."""
     was_training = model.training
     model.eval()
-    evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
-    known = len(dataset.category_ids)
+    category_ids = list(dataset.category_ids if category_ids is None else category_ids)
+    scored = {label for label, c in enumerate(category_ids, 1) if c is not None}
+    evaluator = CocoEvaluator(dataset.coco, category_ids)
     for images, targets in loader:
         predictions = model([image.to(device, non_blocking=True) for image in images])
-        # labels past the file's categories (a model built with more classes) have nothing to be scored against
-        predictions = [{k: v[p["labels"] <= known] for k, v in p.items()} for p in predictions]
+        # labels with no category in the file (a model built with more classes) have nothing to be scored against
+        keep = [torch.tensor([label in scored for label in p["labels"].tolist()], dtype=torch.bool,
+                             device=p["labels"].device) for p in predictions]
+        predictions = [{k: v[kept] for k, v in p.items()} for p, kept in zip(predictions, keep)]
         evaluator.update([t["image_id"] for t in targets], predictions)
     model.train(was_training)
     if dist_info is not None:
@@ -112,12 +119,33 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
 
 
 def val_dataset(data: str, split: Optional[str] = None, run_split: Optional[str] = None) -> CocoDetection:
-    """The validation split of ``data``: ``split`` if given, else ``run_split`` (a run's ``val_split``) if the
-    folder has it, else the one :func:`~weightformer.detection.layout.find_split` finds."""
+    """The validation split of ``data``: ``split`` if given (``--split``), else ``run_split`` (a run's
+    ``val_split``) if the folder has it, else the one :func:`~weightformer.detection.layout.find_split` finds."""
     root = data_root(data)
     if split is None and run_split and split_files(root, run_split) is not None:
         split = run_split
-    return CocoDetection(root, find_split(root, "val", split).name)
+    return CocoDetection(root, find_split(root, "val", split, flag="--split").name)
+
+
+def matched_categories(dataset: CocoDetection, classes: Sequence[str], checkpoint: str | os.PathLike
+                       ) -> list[Optional[int]]:
+    """The data's category id of each of a checkpoint's ``classes`` (its labels 1..N), matched by name (None
+    where the data has no such category); a CheckpointError line if the data names a category the checkpoint
+    does not know, or names one twice in another order."""
+    names = dataset.class_names[1:]
+    if names == list(classes[:len(names)]):
+        return list(dataset.category_ids)
+    unknown = [n for n in names if n not in classes]
+    if unknown:
+        raise CheckpointError(f"{dataset.annotation_file} names categories {listed(unknown, 3)} that {checkpoint} was "
+                              f"not trained on (it knows {listed(list(classes), 3)}); evaluate on data with its "
+                              "categories")
+    if len(set(names)) < len(names):
+        raise CheckpointError(f"{dataset.annotation_file} names a category twice and in another order than "
+                              f"{checkpoint}, so they cannot be matched by name; list them in the checkpoint's order "
+                              f"({listed(list(classes), 3)})")
+    by_name = dict(zip(names, dataset.category_ids))
+    return [by_name.get(name) for name in classes]
 
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = None, split: Optional[str] = None,
@@ -142,10 +170,11 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = Non
         if len(dataset.category_ids) > meta["num_classes"]:
             raise CheckpointError(f"{checkpoint} knows {meta['num_classes']} categories and {dataset.annotation_file} "
                                   f"declares {len(dataset.category_ids)}; evaluate on the data it was trained on")
+        category_ids = matched_categories(dataset, meta["classes"], checkpoint) if "classes" in meta else None
         sampler = ResumableSampler(len(dataset), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
                             pin_memory=dist_info.device.type == "cuda")
-        metrics = evaluate(loaded.model, loader, dataset, dist_info.device, dist_info)
+        metrics = evaluate(loaded.model, loader, dataset, dist_info.device, dist_info, category_ids)
         result: dict[str, Any] = {"checkpoint": str(checkpoint), "data": data or meta["data"], "split": dataset.split,
                                   "ema": use_ema, "images": int(metrics["num_images"])}
         result.update({name: None if math.isnan(metrics[name]) else round(metrics[name], 4) for name in METRIC_NAMES})

@@ -39,9 +39,10 @@ def looked_for(split: str) -> str:
     return f"images/{split}/ or {split}/ with annotations/instances_{split}.json"
 
 
-def find_split(root: str | Path, role: str, split: Optional[str] = None) -> CocoSplit:
+def find_split(root: str | Path, role: str, split: Optional[str] = None, flag: Optional[str] = None) -> CocoSplit:
     """The split for ``role`` ("train" or "val"): ``split`` if given (and there), else the first of
-    :data:`SPLIT_NAMES` that ``root`` holds; else one DataError line listing what was looked for."""
+    :data:`SPLIT_NAMES` that ``root`` holds; else one DataError line listing what was looked for and naming
+    ``flag``, the option that names a split (default ``--train-split`` / ``--val-split``)."""
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist; pass --data with a COCO-layout folder, or shapes "
@@ -51,7 +52,7 @@ def find_split(root: str | Path, role: str, split: Optional[str] = None) -> Coco
         found = split_files(root, name)
         if found is not None:
             return found
-    what, flag = "training" if role == "train" else "validation", f"--{role}-split"
+    what, flag = "training" if role == "train" else "validation", flag or f"--{role}-split"
     hint = (f"pass {flag} NAME for a split of another name" if not split
             else f"check the name, or drop {flag} to find {' or '.join(SPLIT_NAMES[role])}")
     raise DataError(f"{root} holds no COCO {what} split: looked for {'; '.join(looked_for(n) for n in names)}; {hint}")

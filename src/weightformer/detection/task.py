@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
@@ -15,7 +15,7 @@ from ..engine.errors import ConfigError, model_arguments_checked
 from ..engine.task import Task, TaskData
 from . import synthetic
 from .cli import CLI
-from .config import LEGACY_FALLBACK_PROTOCOL, DetectionConfig, split_model_kwargs
+from .config import LEGACY_FALLBACK_PROTOCOL, DetectionConfig, canvas_side, split_model_kwargs
 
 if TYPE_CHECKING:  # imported where they run: the command line needs none of them
     import torch
@@ -60,7 +60,7 @@ def build_detector(meta: Mapping[str, Any]) -> nn.Module:
         pyramid = detection_pyramid(backbone, detector_kwargs.get("conv_dim", conv_dim), protocol)
         return build_maskrcnn(pyramid, meta["num_classes"] + 1, cascade=meta["cascade"], protocol=protocol,
                               min_size=meta["img_size"], max_size=meta.get("max_size", meta["img_size"]),
-                              **detector_kwargs)
+                              canvas=meta.get("canvas"), **detector_kwargs)
 
 
 class DetectionTask(Task):
@@ -85,7 +85,8 @@ class DetectionTask(Task):
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
         """Format 0 may name no protocol (such runs trained as ``torchvision``) and keeps the detector's settings
-        inside ``model_kwargs``."""
+        inside ``model_kwargs``; formats 0 and 1 name no canvas (such runs padded each batch to a multiple of 32 of
+        its largest image): they get the smallest canvas that holds their resized images."""
         from ..engine.weights import with_missing
         from ..models.weightformer_long_range import name_unversioned_predictor
 
@@ -94,12 +95,19 @@ class DetectionTask(Task):
         meta = checkpoint["meta"]
         if "detector_kwargs" not in meta:
             backbone, detector = split_model_kwargs(meta.get("model_kwargs") or {})
-            checkpoint["meta"] = {**meta, "model_kwargs": backbone, "detector_kwargs": detector}
-        return checkpoint
+            meta = {**meta, "model_kwargs": backbone, "detector_kwargs": detector}
+        if "canvas" not in meta and "img_size" in meta:
+            meta = {**meta, "canvas": canvas_side(meta.get("max_size", meta["img_size"]))}
+        return {**checkpoint, "meta": meta}
 
     def __init__(self, cfg: DetectionConfig):
         super().__init__(cfg)
         self.img_size = cfg.img_size or DEFAULT_IMG_SIZE
+        self.max_size = cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size
+        self.canvas = cfg.det_canvas or canvas_side(self.max_size)
+        if self.canvas < self.max_size:
+            raise ConfigError(f"det_canvas {self.canvas} is smaller than the resized images' long side "
+                              f"{self.max_size}; pass --det-canvas {canvas_side(self.max_size)} or more, or drop it")
 
     def build_data(self, dist_info: DistInfo) -> TaskData:
         from .data import CocoDetection, collate
@@ -116,6 +124,10 @@ class DetectionTask(Task):
         if train.coco.cats != val.coco.cats:
             raise DataError(f"{root}: the {train.split} and {val.split} annotation files declare different categories; "
                             "both must list the same ones")
+        empty = train.drop_unannotated()
+        if not len(train):
+            raise DataError(f"{train.annotation_file} has no image with an annotated object, so there is nothing to "
+                            "learn; the train split needs annotations")
         if not any(val.coco.getAnnIds(imgIds=val.image_ids, iscrowd=False)):
             raise DataError(f"{val.annotation_file} has no annotated object, so there is no AP to measure; "
                             "the val split needs annotations")
@@ -132,8 +144,9 @@ class DetectionTask(Task):
             augment = RandomFlip(cfg.hflip)
             sizes = f"flips, short side {self.img_size} and long side at most {cfg.det_max_size}"
         train_set = SeededJitterDataset(train, augment, seed=cfg.seed)
-        description = (f"data {cfg.data}: {len(train)} train ({train.split}) / {len(val)} val ({val.split}) images, "
-                       f"{categories} categories, {sizes}")
+        left_out = f", {empty} without objects left out" if empty else ""
+        description = (f"data {cfg.data}: {len(train)} train ({train.split}{left_out}) / {len(val)} val ({val.split}) "
+                       f"images, {categories} categories, {sizes}, padded to {self.canvas}²")
         names = val.class_names[1:]  # no background; padded with class<i> up to num_classes
         names += [f"class{i}" for i in range(len(names) + 1, num_classes + 1)]
         meta = {"num_classes": num_classes, "classes": names}
@@ -145,7 +158,7 @@ class DetectionTask(Task):
             "task": self.name, "model": cfg.model, "model_kwargs": dict(cfg.model_kwargs),
             "detector_kwargs": dict(cfg.detector_kwargs), **data.meta,
             "cascade": cfg.cascade, "protocol": cfg.det_protocol, "img_size": self.img_size,
-            "max_size": cfg.det_max_size if cfg.det_resize == "shortest_edge" else self.img_size,
+            "max_size": self.max_size, "canvas": self.canvas,
             "data": cfg.data if cfg.data == synthetic.SHAPES_NAME else str(Path(cfg.data).expanduser().resolve()),
         }
         return build_detector(meta).to(device), meta
@@ -156,6 +169,29 @@ class DetectionTask(Task):
             if saved.get(key) != meta[key]:
                 raise CheckpointError(f"{source} has {key} {saved.get(key)} and this run {meta[key]}; pass {flag} to "
                                       f"match it{', or start a new run' if resuming else ''}")
+
+    def param_groups(self, model: nn.Module) -> Optional[list[dict[str, Any]]]:
+        """The engine's groups (timm's: no decay on any 1-D parameter; ``lr_scale`` with ``layer_decay``); under
+        a protocol with ``detectron2_heads`` (vitdet), split again as ViTDet's ``get_default_optimizer_params(
+        weight_decay_norm=0)`` with ``pos_embed`` at 0: every parameter decays, biases too, but those of norm
+        layers and position embeddings."""
+        from torch import nn
+
+        from .model import PROTOCOL_SETTINGS
+
+        groups = super().param_groups(model)
+        if not PROTOCOL_SETTINGS[self.cfg.det_protocol].detectron2_heads:
+            return groups
+        norms = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+        exempt = {id(p) for m in model.modules() if isinstance(m, norms) for p in m.parameters(recurse=False)}
+        exempt |= {id(p) for n, p in model.named_parameters() if n.rpartition(".")[2] == "pos_embed"}
+        split, decay = [], self.cfg.weight_decay
+        for group in groups or [{"params": [p for p in model.parameters() if p.requires_grad]}]:
+            for exempted in (False, True):
+                params = [p for p in group["params"] if (id(p) in exempt) == exempted]
+                if params:
+                    split.append({**group, "params": params, "weight_decay": 0.0 if exempted else decay})
+        return split
 
     def training_loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
         loss, _ = training_loss(model, batch, device)

@@ -13,7 +13,24 @@ from torch import Tensor
 from ..data.transforms import SeededTransformDataset, sample_seed, seeded_rng
 from .data import INSTANCE_KEYS, Target
 
-__all__ = ["LargeScaleJitter", "RandomFlip", "SeededJitterDataset", "horizontal_flip"]
+__all__ = ["LargeScaleJitter", "RandomFlip", "SeededJitterDataset", "horizontal_flip", "masks_to_boxes",
+           "resize_image"]
+
+
+def resize_image(image: Tensor, size: tuple[int, int]) -> Tensor:
+    """(C, H, W) -> (C, *size), bilinear and antialiased: PIL's ``BILINEAR`` resize, which detectron2 uses."""
+    return F.interpolate(image[None], size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+
+
+def masks_to_boxes(masks: Tensor) -> Tensor:
+    """(N, H, W) masks -> (N, 4) xyxy boxes around their pixels (x2 = last column + 1, as detectron2's
+    ``BitMasks.get_bounding_boxes``); an empty mask's box has x1 > x2."""
+    spans, masks = [], masks.bool()
+    for hit in (masks.any(1), masks.any(2)):  # (N, W) columns, (N, H) rows holding a pixel of the mask
+        index = torch.arange(hit.shape[1], dtype=torch.float32)
+        spans += [torch.where(hit, index, float(hit.shape[1])).amin(1), torch.where(hit, index + 1, 0.0).amax(1)]
+    x1, x2, y1, y2 = spans
+    return torch.stack([x1, y1, x2, y2], 1)
 
 
 def horizontal_flip(image: Tensor, target: Target) -> tuple[Tensor, Target]:
@@ -38,8 +55,9 @@ class RandomFlip:
 
 class LargeScaleJitter:
     """Large-scale jitter (Ghiasi et al., 2021), ViTDet's training augmentation: flip with probability ``flip``,
-    resize to fit a square of side ``s * size``, ``s ~ U(scale_range)``, take a random ``size``² crop, pad to
-    ``size``² with the ImageNet mean (zero once normalised); instances left with no box area are dropped.
+    resize to fit a square of side ``s * size``, ``s ~ U(scale_range)`` (:func:`resize_image`; masks nearest),
+    take a random ``size``² crop, pad to ``size``² with the ImageNet mean (zero once normalised). Boxes are those
+    of the cropped masks (detectron2's ``recompute_boxes``); instances left with no box area are dropped.
     Draws from Python's ``random`` (``weightformer.data.seeded_rng`` fixes a sample)."""
 
     def __init__(self, size: int = 1024, scale_range: tuple[float, float] = (0.1, 2.0), flip: float = 0.5):
@@ -52,19 +70,16 @@ class LargeScaleJitter:
             image, target = horizontal_flip(image, target)
         scale = random.uniform(*self.scale_range) * self.size / max(height, width)
         new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
-        image = F.interpolate(image[None], size=(new_h, new_w), mode="bilinear", align_corners=False)[0]
+        image = resize_image(image, (new_h, new_w))
         masks = target["masks"]  # (N, H, W); interpolate rejects N = 0
         masks = (F.interpolate(masks[None], size=(new_h, new_w), mode="nearest")[0] if len(masks)
                  else masks.new_zeros((0, new_h, new_w)))
-        boxes = target["boxes"] * torch.tensor([new_w / width, new_h / height] * 2)
         top = random.randint(0, max(0, new_h - self.size))
         left = random.randint(0, max(0, new_w - self.size))
         image = image[:, top:top + self.size, left:left + self.size]
         masks = masks[:, top:top + self.size, left:left + self.size]
         crop_h, crop_w = image.shape[-2:]
-        boxes = boxes - torch.tensor([left, top, left, top], dtype=boxes.dtype)
-        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, crop_w)
-        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, crop_h)
+        boxes = masks_to_boxes(masks)
         pad = (0, self.size - crop_w, 0, self.size - crop_h)
         mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=image.dtype)[:, None, None]
         image = F.pad(image - mean, pad) + mean

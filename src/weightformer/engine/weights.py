@@ -27,7 +27,7 @@ from .registry import default_task, get_task
 __all__ = ["CHECKPOINT_FORMAT", "LoadedModel", "checkpoint_task", "load_model", "load_model_state", "load_weights",
            "model_state_from", "read_checkpoint", "upgrade_checkpoint", "with_missing"]
 
-CHECKPOINT_FORMAT = 1  # what train writes as checkpoint["format"]; a checkpoint without one is of format 0
+CHECKPOINT_FORMAT = 2  # what train writes as checkpoint["format"]; a checkpoint without one is of format 0
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
