@@ -24,6 +24,7 @@ from ..checkpoint import CheckpointError
 from ..data import ResumableSampler
 from ..engine.distributed import DistInfo, all_gather_objects, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
+from ..engine.metrics import FiniteOutputs
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
 from .data import CocoDetection, collate
@@ -98,12 +99,15 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
     model.eval()
     evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
     known = len(dataset.category_ids)
+    finite = FiniteOutputs("detections (boxes, scores, masks)", device)
     for images, targets in loader:
         predictions = model([image.to(device, non_blocking=True) for image in images])
+        finite.update([torch.cat([v.flatten() for v in p.values() if v.is_floating_point()]) for p in predictions])
         # labels past the file's categories (a model built with more classes) have nothing to be scored against
         predictions = [{k: v[p["labels"] <= known] for k, v in p.items()} for p in predictions]
         evaluator.update([t["image_id"] for t in targets], predictions)
     model.train(was_training)
+    finite.check()
     if dist_info is not None:
         gathered = all_gather_objects(evaluator.detections, dist_info)
         evaluator.detections = {}

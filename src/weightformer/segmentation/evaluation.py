@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from ..engine.config import config_fields
 from ..engine.device import autocast, pick_device
 from ..engine.errors import ConfigError
+from ..engine.metrics import FiniteOutputs
 from ..engine.weights import LoadedModel, load_model
 from .config import INFERENCE_MODES, SegmentationConfig, check_windows
 from .data import IGNORE_INDEX, EvalTransform, SegmentationFolder, collate_segmentation, find_root
@@ -41,6 +42,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, devic
     was_training = model.training
     model.eval()
     metric = SegmentationMetric(num_classes, IGNORE_INDEX, device=device)
+    finite = FiniteOutputs("logits", device)
     for batch in loader:
         for image, label, (h, w), (label_h, label_w) in zip(*batch):
             image = image[None, :, :h, :w].to(device, non_blocking=True)  # (1, 3, h, w) without the padding
@@ -48,9 +50,11 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, devic
                 logits = whole_inference(model, image) if mode == "whole" else \
                     slide_inference(model, image, crop, stride)  # (1, K, h, w)
             logits = F.interpolate(logits, size=(int(label_h), int(label_w)), mode="bilinear", align_corners=False)
+            finite.update(logits)
             metric.update(logits.argmax(1), label[None, :label_h, :label_w].to(device))
     metric.all_reduce()
     model.train(was_training)
+    finite.check()
     return metric.compute()
 
 
