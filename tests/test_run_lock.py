@@ -4,6 +4,7 @@ refused in one line naming the process; a killed run's folder resumes; two new r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +75,32 @@ def test_a_killed_runs_folder_is_free_and_resumes(folder, tmp_path, capsys):
     assert _train(folder, output, "--epochs", "2", "--resume", "auto") == 0
     assert "resumed from" in capsys.readouterr().out
     assert [r["epoch"] for r in read_metrics(output / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_checkpoint_saved_while_a_run_starts_is_read_again_or_refused(folder, tmp_path, capsys, monkeypatch):
+    output = tmp_path / "run"
+    assert _train(folder, output, "--epochs", "1") == 0
+    shutil.copyfile(output / "last.pt", tmp_path / "epoch1.pt")
+    assert _train(folder, output, "--epochs", "2", "--resume", "auto") == 0
+    shutil.copyfile(output / "last.pt", tmp_path / "epoch2.pt")
+    shutil.copyfile(tmp_path / "epoch1.pt", output / "last.pt")
+    hold, saved = loop.hold_run_folder, {}
+
+    def saved_by_another_run_first(folder_held):  # what a run that held the folder until now saved last
+        folder_held.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(saved["file"], folder_held / "last.pt")
+        return hold(folder_held)
+
+    monkeypatch.setattr(loop, "hold_run_folder", saved_by_another_run_first)
+    saved["file"] = tmp_path / "epoch2.pt"
+    capsys.readouterr()
+    assert _train(folder, output, "--epochs", "3", "--resume", "auto") == 0
+    assert "at epoch 3, step 0" in capsys.readouterr().out  # from epoch 2's checkpoint, not the one read before
+    assert [r["epoch"] for r in read_metrics(output / "metrics.jsonl")] == [1, 2, 3]
+
+    saved["file"] = tmp_path / "epoch1.pt"
+    assert _train(folder, tmp_path / "new", "--epochs", "1", "--resume", "auto") == 2
+    assert "another process saved" in capsys.readouterr().err
 
 
 def test_two_new_runs_at_once_into_one_output_exactly_one_runs(folder, tmp_path):

@@ -274,8 +274,9 @@ def _hold_run_folder(stack: ExitStack, prepared: PreparedRun, task: type[Task], 
         except ConfigError as exc:
             refused, level = exc, 3
         else:  # 1 s: file times come from a coarser clock; reading once more costs only time
+            resumed = prepared.checkpoint is not None and prepared.resume_from.is_file()
             level = (2 if cfg.resume == "auto" and prepared.checkpoint is None and last.is_file() else
-                     int(prepared.checkpoint is not None and prepared.resume_from.stat().st_mtime_ns > started - 10**9))
+                     int(resumed and prepared.resume_from.stat().st_mtime_ns > started - 10**9))
     level = max_over_ranks(level, dist_info)
     if level == 1:
         prepared.resume_from, prepared.checkpoint = _resume_from(cfg, task)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from itertools import takewhile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 from .errors import ConfigError
 
@@ -30,28 +31,14 @@ LOCK_FILE = ".lock"  # held by the run's process; "<pid>\n<start time>\n<command
 @contextmanager
 def hold_run_folder(folder: Path) -> Iterator[None]:
     """The block owns ``folder`` (made if needed): an exclusive ``flock`` on its :data:`LOCK_FILE`, which the
-    kernel releases when the process ends however it ends; a ConfigError naming the process that holds it."""
+    kernel releases when the process ends however it ends; a ConfigError naming the process that holds it.
+    Where no lock can be had (no ``fcntl``, a file system without locks), the block runs unguarded."""
     check_writable_folder(folder, "--output")
-    if fcntl is None:
+    path = folder / LOCK_FILE
+    fd = _locked(path, folder) if fcntl is not None else None
+    if fd is None:
         yield
         return
-    path = folder / LOCK_FILE
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held by another process
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n", 2)
-            os.close(fd)
-            who = f"process {holder[0]} ({holder[2].strip()}, started {holder[1]})" if len(holder) == 3 else \
-                "another process"
-            raise ConfigError(f"{folder} is in use by {who}; wait for it to end or choose another --output") from None
-        try:  # the file locked is still the one at ``path`` (not one a finishing holder just removed)
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
     program = Path(sys.argv[0]).parent.name if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
     command = " ".join([program, *list(takewhile(lambda a: not a.startswith("-"), sys.argv[1:]))[:2]])
     os.ftruncate(fd, 0)
@@ -60,6 +47,30 @@ def hold_run_folder(folder: Path) -> Iterator[None]:
         yield
     finally:
         path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _locked(path: Path, folder: Path) -> Optional[int]:
+    """An open descriptor of ``path`` holding its exclusive lock, or None where the file system has no locks."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held by another process
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n", 2)
+            os.close(fd)
+            who = f"process {holder[0]} ({holder[2].strip()}, started {holder[1]})" if len(holder) == 3 else \
+                "another process"
+            raise ConfigError(f"{folder} is in use by {who}; wait for it to end or choose another --output") from None
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network file systems
+            os.close(fd)
+            warnings.warn(f"{folder} cannot be locked ({exc.strerror}); nothing keeps a second run out of it")
+            return None
+        try:  # the file locked is still the one at ``path`` (not one a finishing holder just removed)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
         os.close(fd)
 
 
