@@ -90,7 +90,8 @@ def _commands(task: str, checkpoint: Path, data: dict[str, Path], tmp_path: Path
     """Every command of ``task`` that reads the weights of ``checkpoint``."""
     prefix, flags = TRAIN[task]
     train = [*prefix, "train", "--data", str(data[task]), *ONE_STEP, *flags]
-    commands = [[*train, "--output", str(tmp_path / "resumed"), "--resume", str(checkpoint)],
+    commands = [[*train, "--output", str(tmp_path / "resumed"), "--resume", str(checkpoint), "--epochs", "2",
+                 "--max-steps", "2"],
                 [*train, "--output", str(tmp_path / "initialised"), "--init", str(checkpoint)]]
     if task == "cls":
         commands += [["eval", "--checkpoint", str(checkpoint), "--data", str(data[task]), *CPU],
