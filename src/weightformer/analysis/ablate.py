@@ -25,6 +25,7 @@ import yaml
 from ..classification.config import ClassificationConfig
 from ..engine.config import SettingsLoader, yaml_reason, config_fields
 from ..engine.errors import USER_ERRORS, ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import write_atomic
 
 __all__ = ["AblationConfig", "DuplicateKeyError", "RunPlan", "check_variant_model", "load_ablation", "load_grid_yaml",
@@ -317,7 +318,7 @@ def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = Fal
     record = {"variant": variant, "seed": seed, "top1_last": top1[-1], "top1_best": max(top1), "epochs": len(top1),
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
               "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
-    write_atomic(folder / "result.json", json.dumps(record, indent=2) + "\n")
+    write_atomic(folder / "result.json", json_text(record, indent=2) + "\n")
     return record
 
 
@@ -356,7 +357,7 @@ def _variant_cost(config: AblationConfig, variant: str) -> dict[str, float]:
             return {k: cached[k] for k in ("params", "flops", "img_per_s")}
     cost = measure_cost(meta["model"], meta["model_kwargs"], meta["num_classes"], meta["in_chans"], meta["img_size"],
                         batch=config.throughput_batch)
-    write_atomic(path, json.dumps({**cost, "for": model}, indent=2) + "\n")
+    write_atomic(path, json_text({**cost, "for": model}, indent=2) + "\n")
     return cost
 
 
@@ -456,7 +457,7 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
     header = (f"# ablation {config.name}\n\ncommand: `{command}`\n\n"
               f"recipe: `{json.dumps(config.recipe)}`, seeds {config.seeds}\n\n")
     write_atomic(config.output / "table.md", header + format_table(rows) + "\n")
-    write_atomic(config.output / "table.json", json.dumps(
+    write_atomic(config.output / "table.json", json_text(
         {"name": config.name, "recipe": config.recipe, "seeds": config.seeds, "rows": rows}, indent=2) + "\n")
     plot_table(rows, config.output / "table.png", config.name)
     return rows

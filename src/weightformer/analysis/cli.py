@@ -6,7 +6,6 @@ Building the command line imports no torch."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import move_aside, write_atomic
 from ..engine.run_dir import check_writable_file
 from .erf import erf_map, erf_stats
@@ -171,7 +171,7 @@ def _erf_command(args: argparse.Namespace) -> int:
             move_aside(path)
     plot_erf_grid(results, png)
     table = [{"spec": r["spec"], "source": r["source"], **r["stats"]} for r in results]
-    write_atomic(json_path, json.dumps({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
+    write_atomic(json_path, json_text({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
                                         "models": table}, indent=2) + "\n")
     for row in table:
         print(f"{row['spec']:<48} outside centre {row['outside_center']:6.1%}  r50 {row['radius_50']:6.1f} px  "
@@ -205,7 +205,7 @@ def _per_model_command(args: argparse.Namespace) -> int:
                   f"capped {row['capped_norm']:.2e}  static {row['static_norm']:.3f}  spread {row['spread']:.2e}")
     if not rows:
         print("no dynamic layers in these models")
-    print(json.dumps(rows))
+    print(json_text(rows))
     return 0
 
 

@@ -4,12 +4,12 @@ fixed), and :func:`swap_diagnosis` of why accuracy falls. Torch is imported wher
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import write_atomic
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def write_transfer(rows: list[dict[str, Any]], sizes: Sequence[int], png: Path) 
     """The plot ``png`` and the table as ``<png stem>.json`` and ``.md`` beside it; returns the two table paths."""
     json_path, md_path = png.with_suffix(".json"), png.with_suffix(".md")
     plot_transfer(rows, sizes, png)
-    write_atomic(json_path, json.dumps({"sizes": list(sizes), "rows": rows}, indent=2) + "\n")
+    write_atomic(json_path, json_text({"sizes": list(sizes), "rows": rows}, indent=2) + "\n")
     write_atomic(md_path, transfer_markdown(rows, sizes))
     return json_path, md_path
 

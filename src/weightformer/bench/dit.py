@@ -8,12 +8,12 @@ depth + 2 in a step) over the memory available make a point "out of memory (pred
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.metrics import json_text
 from . import timing
 from .subjects import INFER, Subject, dit_arguments, dit_subject, make_call
 
@@ -163,7 +163,7 @@ def benchmark(models: Sequence[str], sides: Sequence[int], batch: int = 1, repea
                         except subprocess.TimeoutExpired as error:
                             row["memory_skipped"] = f"memory worker ran past its {error.timeout:.0f} s timeout"
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json_text(row), flush=True)
         if on_side is not None:
             on_side(rows)
     return rows

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import write_atomic
 
 JOURNAL_NAME = "points.jsonl"
@@ -44,7 +45,7 @@ class Journal:
             if self.path.exists():
                 self.discarded = max(0, len(self.path.read_bytes().splitlines()) - 1)
             header = {"format": FORMAT, "settings": settings}
-            write_atomic(self.path, (json.dumps(header) + "\n").encode())
+            write_atomic(self.path, (json_text(header) + "\n").encode())
 
     def _load(self) -> None:
         data = self.path.read_bytes()
@@ -85,7 +86,7 @@ class Journal:
 
     def append(self, key: Key, record: Dict[str, Any]) -> None:
         entry = {"key": list(key), **record}
-        line = (json.dumps(entry) + "\n").encode()
+        line = (json_text(entry) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             written = os.write(fd, line)

@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from ..engine.metrics import json_text
 from .subjects import get_subject, make_call
 
 MIB = 2**20
@@ -189,9 +190,9 @@ def _worker(argv: Optional[list] = None) -> None:
     except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
-        print(json.dumps({"oom": str(error).splitlines()[0] if str(error) else type(error).__name__}))
+        print(json_text({"oom": str(error).splitlines()[0] if str(error) else type(error).__name__}))
         return
-    print(json.dumps(report.as_dict()))
+    print(json_text(report.as_dict()))
 
 
 if __name__ == "__main__":

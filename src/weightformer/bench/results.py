@@ -6,7 +6,6 @@ them aside (``<name>.previous-<time>``); each file is written atomically.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import claim_outputs, write_atomic
 from ..engine.run_dir import check_writable_file, check_writable_folder
 
@@ -126,7 +126,7 @@ def write_results(out_dir: Path, files: Mapping[str, Content]) -> List[Path]:
         if callable(content):
             content = content()
         if isinstance(content, dict):
-            content = json.dumps(content, indent=2) + "\n"
+            content = json_text(content, indent=2) + "\n"
         if isinstance(content, str):
             content = content.encode() if content.endswith("\n") else (content + "\n").encode()
         write_atomic(out_dir / name, content)

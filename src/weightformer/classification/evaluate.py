@@ -18,6 +18,7 @@ from ..data.transforms import eval_data_config
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
+from ..engine.metrics import FiniteOutputs
 from ..progress import progress
 from ..engine.weights import load_model
 from .model import check_input_size
@@ -36,12 +37,14 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, amp: st
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, samples
     start = time.perf_counter()
     main = dist_info is None or dist_info.is_main
+    finite = FiniteOutputs("logits", device)
     with progress(loader, desc="evaluating", unit="batch", enabled=show_progress and main) as bar:
         for images, targets in bar:
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             with autocast(device, amp):
                 logits = model(images)  # (B, num_classes)
             logits = logits.float()
+            finite.update(logits)
             top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[1])))
             n = targets.shape[0]
             totals += torch.stack([criterion(logits, targets).double(), top1.double() * n / 100,
@@ -53,6 +56,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, amp: st
         totals = all_reduce_sum(totals, dist_info)
     loss_sum, hits1, hits5, count = totals.tolist()
     model.train(was_training)
+    finite.check()
     if count == 0:
         raise DataError("the evaluation split is empty; put images in val/")
     return {"top1": 100.0 * hits1 / count, "top5": 100.0 * hits5 / count, "loss": loss_sum / count,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -20,6 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data.folder import DECODE_ERRORS, rgb_loader
 from ..data.images import image_paths
+from ..engine.errors import NonFiniteError
+from ..engine.metrics import json_text
 from ..engine.weights import LoadedModel
 from ..engine.outputs import output_file
 from ..progress import progress
@@ -104,7 +105,12 @@ def predict(loaded: LoadedModel, files: str | os.PathLike | Sequence[str | os.Pa
         for images, indices, unreadable in loader:
             out.skipped.extend(str(files[i]) for i in unreadable)
             if indices:
-                probs = model(images.to(device)).float().softmax(dim=-1)  # (B, classes)
+                logits = model(images.to(device)).float()  # (B, classes)
+                bad = [str(files[i]) for i, ok in zip(indices, logits.isfinite().all(1).tolist()) if not ok]
+                if bad:
+                    raise NonFiniteError(f"the model gave non-finite logits (NaN or Inf) for {len(bad)} image(s) of "
+                                         f"a batch, such as {bad[0]}; no prediction is given from them")
+                probs = logits.softmax(dim=-1)
                 top_p, top_i = probs.topk(k, dim=-1)
                 for i, p_row, c_row in zip(indices, top_p.tolist(), top_i.tolist()):
                     out.rows.append((str(files[i]), [(c, names[c], p) for c, p in zip(c_row, p_row)]))
@@ -125,6 +131,6 @@ def write_predictions(result: Predictions, path: Path, overwrite: bool = False) 
     else:
         records = [{"path": file, "top": [{"class_index": c, "label": name, "probability": p} for c, name, p in top]}
                    for file, top in result.rows]
-        text = json.dumps({"predictions": records, "skipped": result.skipped}, indent=2) + "\n"
+        text = json_text({"predictions": records, "skipped": result.skipped}, indent=2) + "\n"
     with output_file(path, overwrite) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -24,6 +24,7 @@ from ..checkpoint import CheckpointError
 from ..data import ResumableSampler
 from ..engine.distributed import DistInfo, all_gather_objects, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
+from ..engine.metrics import FiniteOutputs
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
 from .annotations import listed
@@ -103,14 +104,17 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
     category_ids = list(dataset.category_ids if category_ids is None else category_ids)
     scored = {label for label, c in enumerate(category_ids, 1) if c is not None}
     evaluator = CocoEvaluator(dataset.coco, category_ids)
+    finite = FiniteOutputs("detections (boxes, scores, masks)", device)
     for images, targets in loader:
         predictions = model([image.to(device, non_blocking=True) for image in images])
+        finite.update([torch.cat([v.flatten() for v in p.values() if v.is_floating_point()]) for p in predictions])
         # labels with no category in the file (a model built with more classes) have nothing to be scored against
         keep = [torch.tensor([label in scored for label in p["labels"].tolist()], dtype=torch.bool,
                              device=p["labels"].device) for p in predictions]
         predictions = [{k: v[kept] for k, v in p.items()} for p, kept in zip(predictions, keep)]
         evaluator.update([t["image_id"] for t in targets], predictions)
     model.train(was_training)
+    finite.check()
     if dist_info is not None:
         gathered = all_gather_objects(evaluator.detections, dist_info)
         evaluator.detections = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -13,6 +12,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from ..data.images import image_paths, read_image
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import claim_outputs
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
@@ -62,5 +62,5 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
                                  "box_xyxy": [round(float(v), 2) for v in box]} for box, label, score in kept]
         records.append(record)
     if folder is not None:
-        (folder / DETECTIONS_FILE).write_text(json.dumps(records, indent=2) + "\n")
+        (folder / DETECTIONS_FILE).write_text(json_text(records, indent=2) + "\n")
     return records

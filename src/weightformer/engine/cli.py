@@ -1,13 +1,12 @@
 """The command line of every task: ``train`` has one flag per setting of its config class that has help (the rest
 through ``--set name=value``), each ``(default: ...)`` read off the recipes; the others come from its :class:`TaskCLI`.
-Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory or a diverged loss (one line), or a bug
+Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory or non-finite outputs (one line), or a bug
 (its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM, checkpoint saved; a task's command may add its own."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import traceback
@@ -19,8 +18,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from .commands import Command, TaskCLI
 from .config import config_fields, parse_model_kwargs
-from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
+from .errors import USER_ERRORS, ConfigError, NonFiniteError
 from .outputs import output_file
+from .metrics import json_text
 from .run_dir import check_writable_file
 
 __all__ = [
@@ -172,11 +172,11 @@ def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
     """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file."""
-    print(json.dumps(result), flush=True)
+    print(json_text(result), flush=True)
     if json_path is not None:
         try:
             with output_file(json_path, overwrite=True) as tmp:  # checked before the work; written atomically
-                tmp.write_text(json.dumps(result, indent=2) + "\n")
+                tmp.write_text(json_text(result, indent=2) + "\n")
         except OSError as exc:
             print(f"error: the results above could not be written to --json {json_path} ({exc.strerror or exc})",
                   file=sys.stderr)
@@ -200,7 +200,7 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
     except USER_ERRORS as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except TrainingDivergedError as exc:
+    except NonFiniteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

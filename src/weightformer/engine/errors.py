@@ -9,14 +9,19 @@ from typing import Any, Iterator, Mapping
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
-__all__ = ["ConfigError", "TrainingDivergedError", "USER_ERRORS", "is_signature_error", "model_arguments_checked"]
+__all__ = ["ConfigError", "NonFiniteError", "TrainingDivergedError", "USER_ERRORS", "is_signature_error",
+           "model_arguments_checked"]
 
 
 class ConfigError(ValueError):
     """A setting, flag or config file that cannot be used as given."""
 
 
-class TrainingDivergedError(RuntimeError):
+class NonFiniteError(RuntimeError):
+    """A model's outputs or loss that are not finite numbers: no result is reported (one line, exit 1)."""
+
+
+class TrainingDivergedError(NonFiniteError):
     """The loss became NaN or infinite: the run stops before the update, keeping its last good checkpoint."""
 
 

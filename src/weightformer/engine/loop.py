@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -38,7 +38,7 @@ from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
 from .device import autocast
 from .outputs import removed_if_failed
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
-from .run_dir import check_run_folder, start_run_folder
+from .run_dir import check_run_folder, hold_run_folder, start_run_folder
 from .recipes import RESUMED, Recipe, RecipeChoice
 from .registry import get_task
 from .task import Task, TaskData
@@ -233,6 +233,7 @@ def train(config: TrainConfig | Mapping[str, Any], config_file: Optional[str] = 
     or a config object of the task's ``config_class``, used as it is. ``stop`` (set by SIGINT/SIGTERM or the caller)
     ends the run after the current step with a checkpoint. One process or under torchrun."""
     task = _task_class(task)
+    started = time.time_ns()
     if isinstance(config, TrainConfig):
         if not isinstance(config, task.config_class):
             raise ConfigError(f"a {task.name} run needs a {task.config_class.__name__}, got a "
@@ -257,10 +258,38 @@ def train(config: TrainConfig | Mapping[str, Any], config_file: Optional[str] = 
                 model_first = {"model": applied.pop("model")} if "model" in applied else {}
                 shown = " ".join(f"{k}={v}" for k, v in {**model_first, **shown_kwargs, **applied}.items())
                 print(f"defaults for {cfg.data}: {shown} (override with flags or --config)")
-        return _run(cfg, task(cfg), dist_info, stop, prepared.resume_from, prepared.checkpoint)
+        with ExitStack() as run_folder:
+            _hold_run_folder(run_folder, prepared, task, started, dist_info)
+            return _run(cfg, task(cfg), dist_info, stop, prepared.resume_from, prepared.checkpoint)
     finally:
         stop.uninstall()
         shutdown_distributed(dist_info)
+
+
+def _hold_run_folder(stack: ExitStack, prepared: PreparedRun, task: type[Task], started: int,
+                     dist_info: DistInfo) -> None:
+    """Rank 0 takes the run folder for the ``stack``'s life (:func:`hold_run_folder`) before anything checks or
+    writes it. A checkpoint to resume that was saved after this run began reading it (``started``, ns; by a run
+    that held the folder then) is read again; one that appeared since ``--resume auto`` found none is refused."""
+    cfg, last = prepared.cfg, Path(prepared.cfg.output) / "last.pt"
+    refused, level = None, 0
+    if dist_info.is_main:
+        stack.enter_context(removed_if_failed(Path(cfg.output)))
+        try:
+            stack.enter_context(hold_run_folder(Path(cfg.output)))
+        except ConfigError as exc:
+            refused, level = exc, 3
+        else:  # 1 s: file times come from a coarser clock; reading once more costs only time
+            resumed = prepared.checkpoint is not None and prepared.resume_from.is_file()
+            level = (2 if cfg.resume == "auto" and prepared.checkpoint is None and last.is_file() else
+                     int(resumed and prepared.resume_from.stat().st_mtime_ns > started - 10**9))
+    level = max_over_ranks(level, dist_info)
+    if level == 1:
+        prepared.resume_from, prepared.checkpoint = _resume_from(cfg, task)
+    elif level:
+        raise refused or ConfigError(f"another process saved {last} while this run started; run the command again"
+                                     if level == 2 else f"rank 0 could not take --output {cfg.output} (its error "
+                                     f"says why)")
 
 
 def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resume_from: Optional[Path],

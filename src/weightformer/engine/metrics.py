@@ -1,22 +1,82 @@
-"""Run records: metrics.jsonl, curves.png, and progress output (tqdm on a terminal, log lines otherwise)."""
+"""Run records: metrics.jsonl, curves.png, and progress output (tqdm on a terminal, log lines otherwise); strict
+JSON (:func:`json_text`) and the check that a score comes from finite outputs (:class:`FiniteOutputs`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
-__all__ = ["Progress", "append_metrics", "format_duration", "plot_curves", "read_metrics", "truncate_metrics"]
+from .errors import NonFiniteError
+
+__all__ = ["FiniteOutputs", "Progress", "append_metrics", "format_duration", "json_text", "plot_curves",
+           "read_metrics", "truncate_metrics"]
+
+
+def json_text(obj: Any, **dumps_kwargs: Any) -> str:
+    """``json.dumps`` as strict JSON, which has no NaN or Infinity: a float that is not finite (a metric with
+    nothing to measure, such as the AP of a size no object has) is written as null."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        return [finite(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    return json.dumps(finite(obj), allow_nan=False, **dumps_kwargs)
+
+
+class FiniteOutputs:
+    """Notes, batch by batch and without waiting for the device, which images of an evaluation (or a sampling) on
+    ``device`` gave outputs that are not finite; :meth:`check` after the last batch raises NonFiniteError on every rank (under
+    torch.distributed) if any did, naming the first, so that no score is computed from them."""
+
+    def __init__(self, what: str, device: Any) -> None:
+        self.what, self.device = what, device  # e.g. "logits"
+        self.flags: list[Any] = []  # per batch: (B,) bool, True where an image's outputs are not all finite
+
+    def update(self, outputs: Any) -> None:
+        """One batch's outputs: a tensor (B, ...), or one tensor per image."""
+        import torch
+
+        if isinstance(outputs, torch.Tensor):
+            self.flags.append(~outputs.reshape(len(outputs), -1).isfinite().all(1))
+        elif outputs:
+            self.flags.append(torch.stack([~o.isfinite().all() for o in outputs]))
+
+    def check(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        flags = torch.cat(self.flags).cpu() if self.flags else torch.zeros(0, dtype=torch.bool)
+        total = here = int(flags.sum())
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if distributed:
+            counts = torch.tensor([float(here)], device=self.device)
+            dist.all_reduce(counts)
+            total = int(counts.item())
+        if not total:
+            return
+        where = "on another process"
+        if here:
+            image = int(flags.nonzero()[0])
+            batch = next(i for i, end in enumerate(accumulate(len(f) for f in self.flags)) if end > image)
+            process = f" of process {dist.get_rank()}" if distributed else ""
+            where = f"the first being image {image + 1} (batch {batch + 1}){process}"
+        raise NonFiniteError(f"the model gave non-finite {self.what} (NaN or Inf) for {total} image(s), {where}; "
+                             f"no result is given from them (with --amp, try --amp none)")
 
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON object as a line."""
+    """Append one JSON object as a line (:func:`json_text`)."""
     with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json_text(record) + "\n")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -30,7 +90,7 @@ def truncate_metrics(path: Path, completed_epochs: int) -> None:
     """Keep the records of the first ``completed_epochs`` epochs: the ones a resumed checkpoint includes."""
     if path.is_file():
         kept = [r for r in read_metrics(path) if r["epoch"] <= completed_epochs and not r.get("partial")]
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        path.write_text("".join(json_text(r) + "\n" for r in kept))
 
 
 def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> None:
@@ -50,7 +110,8 @@ def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> N
         ax_loss.plot(epochs, [r["val_loss"] for r in records], marker="o", label="val")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
     for name in metrics:
-        ax_metrics.plot(epochs, [r.get(name, float("nan")) for r in records], marker="o", label=name.removeprefix("val_"))
+        ax_metrics.plot(epochs, [r.get(name) if r.get(name) is not None else math.nan for r in records], marker="o",
+                        label=name.removeprefix("val_"))
     ax_metrics.set(xlabel="epoch", title="validation")
     for ax in (ax_loss, ax_metrics):
         ax.grid(alpha=0.3)

@@ -1,19 +1,77 @@
 """The run folder (``RUN_FILES``): checked before any work starts; a new run into one that holds a run is
 refused unless it resumes (``--resume``) or starts anew (``--overwrite``), which moves the old run's files
-into ``previous-<time>/`` inside the folder rather than deleting them."""
+into ``previous-<time>/`` inside the folder rather than deleting them. A run folder belongs to one process
+(:func:`hold_run_folder`)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+import warnings
+from contextlib import contextmanager
+from itertools import takewhile
 from pathlib import Path
+from typing import Iterator, Optional
 
 from .errors import ConfigError
 
-__all__ = ["RUN_FILES", "check_run_folder", "check_writable_file", "check_writable_folder", "start_run_folder",
-           "unused_path"]
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): runs are not guarded against a second process
+    fcntl = None
+
+__all__ = ["LOCK_FILE", "RUN_FILES", "check_run_folder", "check_writable_file", "check_writable_folder",
+           "hold_run_folder", "start_run_folder", "unused_path"]
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "curves.png")
+LOCK_FILE = ".lock"  # held by the run's process; "<pid>\n<start time>\n<command>" in it
+
+
+@contextmanager
+def hold_run_folder(folder: Path) -> Iterator[None]:
+    """The block owns ``folder`` (made if needed): an exclusive ``flock`` on its :data:`LOCK_FILE`, which the
+    kernel releases when the process ends however it ends; a ConfigError naming the process that holds it.
+    Where no lock can be had (no ``fcntl``, a file system without locks), the block runs unguarded."""
+    check_writable_folder(folder, "--output")
+    path = folder / LOCK_FILE
+    fd = _locked(path, folder) if fcntl is not None else None
+    if fd is None:
+        yield
+        return
+    program = Path(sys.argv[0]).parent.name if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
+    command = " ".join([program, *list(takewhile(lambda a: not a.startswith("-"), sys.argv[1:]))[:2]])
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n{time.strftime('%Y-%m-%d %H:%M')}\n{command}\n".encode())
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _locked(path: Path, folder: Path) -> Optional[int]:
+    """An open descriptor of ``path`` holding its exclusive lock, or None where the file system has no locks."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held by another process
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n", 2)
+            os.close(fd)
+            who = f"process {holder[0]} ({holder[2].strip()}, started {holder[1]})" if len(holder) == 3 else \
+                "another process"
+            raise ConfigError(f"{folder} is in use by {who}; wait for it to end or choose another --output") from None
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network file systems
+            os.close(fd)
+            warnings.warn(f"{folder} cannot be locked ({exc.strerror}); nothing keeps a second run out of it")
+            return None
+        try:  # the file locked is still the one at ``path`` (not one a finishing holder just removed)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 def check_writable_folder(folder: Path, flag: str) -> None:

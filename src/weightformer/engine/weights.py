@@ -24,10 +24,11 @@ from torch import nn
 from ..checkpoint import CheckpointError, load_checkpoint_file, strip_wrapper_prefixes
 from .registry import default_task, get_task
 
-__all__ = ["CHECKPOINT_FORMAT", "LoadedModel", "checkpoint_task", "load_model", "load_model_state", "load_weights",
-           "model_state_from", "read_checkpoint", "upgrade_checkpoint", "with_missing"]
+__all__ = ["CHECKPOINT_FORMAT", "LoadedModel", "check_finite_weights", "checkpoint_task", "load_model",
+           "load_model_state", "load_weights", "model_state_from", "read_checkpoint", "upgrade_checkpoint", "with_missing"]
 
 CHECKPOINT_FORMAT = 2  # what train writes as checkpoint["format"]; a checkpoint without one is of format 0
+WEIGHT_KEYS = ("model", "ema", "state_dict", "model_ema", "state_dict_ema")  # where checkpoints keep their weights
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -39,7 +40,21 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     obj = load_checkpoint_file(path)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a dict of weights")
+    check_finite_weights(obj, str(path))
     return upgrade_checkpoint(obj, str(path))
+
+
+def check_finite_weights(checkpoint: Mapping[str, Any], source: str) -> None:
+    """CheckpointError naming the first tensor of the model or EMA weights in ``checkpoint`` (or of a bare state
+    dict) that holds NaN or Inf: weights that are not finite give no results, whatever reads them."""
+    states = [(f"{k}.", checkpoint[k]) for k in WEIGHT_KEYS if isinstance(checkpoint.get(k), Mapping)]
+    for prefix, state in states or [("", checkpoint)]:
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.isfinite().all():
+                counts = {"NaN": int(value.isnan().sum()), "Inf": int(value.isinf().sum())}
+                what = " and ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+                raise CheckpointError(f"{source} holds weights that are not finite: {prefix}{name} has {what} of its "
+                                      f"{value.numel()} values; use another checkpoint (saved before its run diverged)")
 
 
 def upgrade_checkpoint(checkpoint: dict[str, Any], source: str) -> dict[str, Any]:

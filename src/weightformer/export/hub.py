@@ -19,6 +19,7 @@ from torch import nn
 
 from ..data.folder import LUMA
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import output_folder
 
 __all__ = ["model_card", "push_to_hub", "to_hf"]
@@ -136,7 +137,7 @@ def _loadable_by_transformers(config_file: Path) -> None:
     to ``timm.create_model`` as well, which a second one stops ("got multiple values for keyword argument")."""
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config.get("model_args", {}).pop("num_classes", None)
-    config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")  # indent as timm writes it
+    config_file.write_text(json_text(config, indent=2), encoding="utf-8")  # indent as timm writes it
 
 
 def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, token: str | None = None,

@@ -18,6 +18,7 @@ from PIL import Image
 
 from ..data import BUILTIN_DATASETS
 from ..engine.errors import ConfigError
+from ..engine.metrics import FiniteOutputs
 from ..engine.outputs import write_atomic
 from ..engine.weights import LoadedModel, load_model
 from .data import image_geometry, open_images, to_uint8
@@ -59,14 +60,16 @@ def generate(loaded: LoadedModel, num_per_class: int, classes: Sequence[int] | N
     vae = load_vae(latent["vae"], device) if latent else None
     diffusion = GaussianDiffusion(learn_sigma=model.learn_sigma)
     generator = torch.Generator(device).manual_seed(seed)
-    images = []
+    images, finite = [], FiniteOutputs("samples", device)
     for batch in labels.split(batch_size):
         x = sample(model, diffusion, batch.to(device), steps, sampler, cfg_scale, guidance, clip=vae is None,
                    generator=generator, progress=progress)  # (B, in_channels, input_size, input_size)
         if vae is not None:
             x = decode(vae, x, latent["scale_factor"])  # (B, 3, image_size, image_size)
             x = x[:, :1] if meta["image_channels"] == 1 else x
+        finite.update(x)
         images.append(to_uint8(x.float(), meta["pad"]))
+    finite.check()
     return np.concatenate(images), labels.numpy().astype(np.int64)
 
 

@@ -140,11 +140,13 @@ class GenerationTask(Task):
         import torch
 
         from ..engine.distributed import all_reduce_sum
+        from ..engine.metrics import FiniteOutputs
 
         with torch.no_grad():
             was_training = model.training
             model.eval()
             totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, mse, vb, count
+            finite = FiniteOutputs("losses", device)
             index = 0
             for x0, labels in loader:
                 x0, labels = x0.to(device), labels.to(device)
@@ -154,10 +156,12 @@ class GenerationTask(Task):
                 noise = torch.randn(x0.shape, generator=generator).to(device, x0.dtype)
                 with autocast(device, amp):
                     losses = self.diffusion.training_losses(lambda xt, tt, y=labels: model(xt, tt, y), x0, t, noise)
+                finite.update(losses["loss"])
                 totals += torch.stack([losses["loss"].sum(), losses["mse"].sum(), losses["vb"].sum(),
                                        torch.tensor(float(x0.shape[0]), device=device)]).double()
                 index += x0.shape[0]
             model.train(was_training)
+            finite.check()
             totals = all_reduce_sum(totals, dist_info)
             n = max(totals[3].item(), 1.0)
             return {"loss": totals[0].item() / n, "mse": totals[1].item() / n, "vb": totals[2].item() / n,

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from ..engine.config import config_fields
 from ..engine.device import autocast, pick_device
 from ..engine.errors import ConfigError
+from ..engine.metrics import FiniteOutputs
 from ..engine.weights import LoadedModel, load_model
 from .config import INFERENCE_MODES, SegmentationConfig, check_windows
 from .data import IGNORE_INDEX, EvalTransform, SegmentationFolder, collate_segmentation, find_root
@@ -40,13 +41,16 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, num_classes: int, devic
     was_training = model.training
     model.eval()
     metric = SegmentationMetric(num_classes, IGNORE_INDEX, device=device)
+    finite = FiniteOutputs("logits", device)
     for images, labels, image_sizes, label_sizes in loader:
         each = infer_each(model, images.to(device, non_blocking=True), image_sizes.tolist(), mode, crop, stride, amp)
         for logits, label, (label_h, label_w) in zip(each, labels, label_sizes.tolist()):  # (1, K, h, w) each
             logits = F.interpolate(logits, size=(label_h, label_w), mode="bilinear", align_corners=False)
+            finite.update(logits)
             metric.update(logits.argmax(1), label[None, :label_h, :label_w].to(device))
     metric.all_reduce()
     model.train(was_training)
+    finite.check()
     return metric.compute()
 
 
