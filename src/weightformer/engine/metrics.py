@@ -10,13 +10,22 @@ from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
+from ..atomic import write_atomic
+
 __all__ = ["Progress", "append_metrics", "format_duration", "plot_curves", "read_metrics", "truncate_metrics"]
 
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON object as a line."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    """Append one JSON object as a line; a write that fails (a full disk) leaves no part of it."""
+    line = memoryview((json.dumps(record) + "\n").encode())
+    with open(path, "ab", buffering=0) as f:
+        start = f.tell()
+        try:
+            while line:
+                line = line[f.write(line):]
+        except OSError:
+            f.truncate(start)
+            raise
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -30,7 +39,7 @@ def truncate_metrics(path: Path, completed_epochs: int) -> None:
     """Keep the records of the first ``completed_epochs`` epochs: the ones a resumed checkpoint includes."""
     if path.is_file():
         kept = [r for r in read_metrics(path) if r["epoch"] <= completed_epochs and not r.get("partial")]
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> None:
@@ -56,7 +65,7 @@ def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> N
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path)
+    write_atomic(png_path, lambda f: fig.savefig(f, format="png"))
 
 
 def format_duration(seconds: float) -> str:
