@@ -1,7 +1,8 @@
 """The command line of every task: ``train`` has one flag per setting of its config class that has help (the rest
 through ``--set name=value``), each ``(default: ...)`` read off the recipes; the others come from its :class:`TaskCLI`.
-Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory or a diverged loss (one line), or a bug
-(its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM, checkpoint saved; a task's command may add its own."""
+Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory, a full disk, the file-size limit, a
+name too long or a diverged loss (one line), or a bug (its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM,
+checkpoint saved; a task's command may add its own."""
 
 from __future__ import annotations
 
