@@ -176,8 +176,8 @@ def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -
             with output_file(json_path, overwrite=True) as tmp:  # checked before the work; written atomically
                 tmp.write_text(json.dumps(result, indent=2) + "\n")
         except OSError as exc:
-            print(f"error: the results above could not be written to --json {json_path} "
-                  f"({exc if isinstance(exc, ResourceError) else exc.strerror or exc})", file=sys.stderr)
+            detail = exc if isinstance(exc, ResourceError) else f"--json {json_path}: {exc.strerror or exc}"
+            print(f"error: the results above were not written ({detail})", file=sys.stderr)
             return 1 if isinstance(exc, ResourceError) else 2
     return 0
 
