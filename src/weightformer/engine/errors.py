@@ -83,7 +83,7 @@ def resource_error(exc: BaseException, path: "str | os.PathLike | None" = None,
     code, named = _resource_os_error(exc)
     given = path or named
     path = Path(given or ".")
-    fs, limit = _statvfs(path.parent), _file_size_limit()
+    fs, limit = _statvfs(path.parent) if given else None, _file_size_limit()
     free = None if fs is None else fs.f_bavail * fs.f_frsize
     if code is None and staged is not None and free == 0:
         code = errno.ENOSPC
@@ -95,7 +95,7 @@ def resource_error(exc: BaseException, path: "str | os.PathLike | None" = None,
     detail = {errno.ENOSPC: f"{free} bytes free" if free is not None else "",
               errno.EDQUOT: f"{free} bytes free" if free is not None else "",
               errno.EFBIG: f"ulimit -f allows {limit} bytes a file" if limit is not None else "",
-              errno.ENAMETOOLONG: f"a name of {max(len(part) for part in path.parts)} characters; this file system "
+              errno.ENAMETOOLONG: f"a name of {max(map(len, path.parts), default=0)} characters; this file system "
                                   f"allows {fs.f_namemax if fs else 255}"}.get(code, "")
     what = "a write failed" if not given else f"cannot {'use' if code == errno.ENAMETOOLONG else 'write'} {path}"
     error = ResourceError(f"{what}: {_CAUSES[code]}{f' ({detail})' if detail else ''}")
