@@ -176,7 +176,7 @@ def test_results_are_printed_before_they_are_written(tmp_path, capsys, monkeypat
     monkeypatch.setattr(sweep, "write_all", disk_full)
     assert main(["bench", "--models", "wf-t", "--resolutions", "32", "--device", "cpu", "--out", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
-    assert "| WeightFormer-T |" in out and "No space left on device" in err
+    assert "| WeightFormer-T |" in out and "no space left on the device" in err
 
 
 def test_sigterm_stops_the_sweep_with_143_and_says_how_to_resume(tmp_path, capsys, monkeypatch):

@@ -23,11 +23,14 @@ FILE_MODE = _file_mode()  # what open() gives a new file; mkstemp's own is 0o600
 
 def write_atomic(path: str | os.PathLike, content: Content) -> None:
     """Replace ``path`` with ``content`` (bytes, a UTF-8 str, or a callable writing into the open binary file) via
-    a fsynced ``.<name>.<random>.tmp`` in its folder, renamed over it; the temporary is removed on any failure."""
+    a fsynced ``.<name>.<random>.tmp`` in its folder, renamed over it; the temporary is removed on any failure.
+    A write that fails for want of space, of the file-size limit or of a shorter name raises
+    :class:`weightformer.engine.errors.ResourceError` naming ``path`` and the cause, the old file untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             if callable(content):
                 content(f)
@@ -37,8 +40,14 @@ def write_atomic(path: str | os.PathLike, content: Content) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        from .engine.errors import resource_error
+
+        found = resource_error(exc, path, tmp) if isinstance(exc, Exception) else None  # before tmp goes
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if found is not None:
+            raise found from exc
         raise
     if os.name == "posix":  # the rename itself on disk
         folder = os.open(path.parent, os.O_RDONLY)

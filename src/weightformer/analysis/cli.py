@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
 from ..engine.metrics import json_text
-from ..engine.outputs import move_aside, write_atomic
-from ..engine.run_dir import check_writable_file
+from ..engine.outputs import check_output, move_aside, write_atomic
 from .erf import erf_map, erf_stats
 
 if TYPE_CHECKING:  # imported where the tools run: the command line (--help, a bad flag) needs none of them
@@ -153,22 +153,27 @@ def plot_erf_grid(results: list[dict[str, Any]], path: Path, columns: int = 4) -
     plt.close(fig)
 
 
-def _check_outputs(outputs: Sequence[tuple[Path, str]], overwrite: bool) -> None:
-    """Before the work: each (path, flag) can be written, and is free unless ``overwrite``."""
+def _check_outputs(outputs: Sequence[tuple[Path, str]], overwrite: bool, specs: Sequence[str]) -> None:
+    """Before the work: each (path, flag) can be written, is none of the ``ckpt=`` inputs among ``specs``, and is
+    free unless ``overwrite``."""
+    inputs = [spec[len("ckpt="):] for spec in specs if spec.startswith("ckpt=")]
     for path, flag in outputs:
-        check_writable_file(path, flag)
-        if path.exists() and not overwrite:
-            raise ConfigError(f"{flag} {path} exists; pass --overwrite to move it aside, or another path")
+        check_output(path, overwrite, folder=False, flag=flag, inputs=inputs)
+
+
+def _move_aside(paths: Sequence[Path]) -> None:
+    """The one output policy: an earlier file is moved aside, never replaced."""
+    for path in paths:
+        if os.path.lexists(path):
+            move_aside(path)
 
 
 def _erf_command(args: argparse.Namespace) -> int:
     png, json_path = Path(args.output), Path(args.json or Path(args.output).with_suffix(".json"))
-    _check_outputs(((png, "--output"), (json_path, "--json")), args.overwrite)
+    _check_outputs(((png, "--output"), (json_path, "--json")), args.overwrite, args.model or ())
     results = erf_report(args.model or DEFAULT_MODELS, data=args.data, num_images=args.num_images,
                          img_size=args.img_size, in_chans=args.in_chans, seed=args.seed)
-    for path in (png, json_path):  # the one output policy: an earlier file is moved aside, never replaced
-        if path.exists():
-            move_aside(path)
+    _move_aside((png, json_path))
     plot_erf_grid(results, png)
     table = [{"spec": r["spec"], "source": r["source"], **r["stats"]} for r in results]
     write_atomic(json_path, json_text({"img_size": args.img_size, "data": args.data, "num_images": args.num_images,
@@ -220,14 +225,12 @@ def _transfer_command(args: argparse.Namespace) -> int:
     sizes = sorted(set(args.sizes))
     png = Path(args.output)
     outputs = (png, png.with_suffix(".json"), png.with_suffix(".md"))
-    _check_outputs([(path, "--output") for path in outputs], args.overwrite)
+    _check_outputs([(path, "--output") for path in outputs], args.overwrite, args.model)
     rows = transfer_table(paths, sizes, data=args.data, val=args.val)
     if args.diagnose:
         for row in rows:
             row["diagnosis"] = diagnose_checkpoint(row["checkpoint"], [s for s in sizes if s > sizes[0]], num=args.diagnose)
-    for path in outputs:
-        if path.exists():
-            move_aside(path)
+    _move_aside(outputs)
     json_path, md_path = write_transfer(rows, sizes, png)
     print(md_path.read_text(), end="")
     print(f"wrote {png}, {json_path} and {md_path}")

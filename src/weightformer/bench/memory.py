@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from ..engine.errors import is_out_of_memory
 from ..engine.metrics import json_text
 from .subjects import get_subject, make_call
 
@@ -32,12 +33,7 @@ class OutOfMemory(RuntimeError):
 
 def is_oom(error: BaseException) -> bool:
     """Whether ``error`` is an out-of-memory failure: CUDA's, the CPU allocator's, Python's, or a worker's."""
-    import torch
-
-    if isinstance(error, (OutOfMemory, MemoryError, torch.OutOfMemoryError)):
-        return True
-    text = str(error).lower()  # CUDA: "out of memory"; CPU allocator: "can't allocate memory: ..."
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(error, OutOfMemory) or is_out_of_memory(error)
 
 
 def first_line(error: BaseException) -> str:

@@ -88,9 +88,9 @@ def _run_predict(args: argparse.Namespace) -> int:
     from .predict import EXIT_SKIPPED, predict, write_predictions
 
     _check_predict_arguments(args)
-    if args.out:
-        check_output(Path(args.out), args.overwrite, folder=False)  # before the work
     files = image_paths(args.paths)
+    if args.out:  # before the work; never onto an input
+        check_output(Path(args.out), args.overwrite, folder=False, inputs=[*files, args.checkpoint])
     device = pick_device(args.device)
     loaded = load_model(args.checkpoint, task="classification", model=args.model,
                         model_kwargs=parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"),

@@ -35,7 +35,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     json_path = json_path_argument(args)
     result = evaluate_checkpoint(args.checkpoint, data=args.data, split=args.split, batch_size=args.batch_size,
                                  workers=args.workers, device=args.device, use_ema=args.ema,
-                                 visualize=args.visualize, out=args.out)
+                                 visualize=args.visualize, out=args.out, overwrite=args.overwrite)
     print(format_eval(result))
     if "visualized" in result:
         print("drew the detections on {images} val image(s) in {folder}".format(**result["visualized"]))

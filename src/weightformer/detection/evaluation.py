@@ -25,12 +25,13 @@ from ..data import ResumableSampler
 from ..engine.distributed import DistInfo, all_gather_objects, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
 from ..engine.metrics import FiniteOutputs
+from ..engine.outputs import claim_outputs
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
 from .annotations import listed
 from .data import CocoDetection, collate
 from .layout import data_root, find_split, split_files
-from .visualize import save_visualizations
+from .visualize import save_visualizations, visualization_paths
 
 __all__ = ["METRIC_NAMES", "CocoEvaluator", "evaluate", "evaluate_checkpoint", "format_eval", "val_dataset"]
 
@@ -154,10 +155,12 @@ def matched_categories(dataset: CocoDetection, classes: Sequence[str], checkpoin
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = None, split: Optional[str] = None,
                         batch_size: int = 4, workers: int = 4, device: str = "auto", use_ema: bool = False,
-                        visualize: int = 0, out: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+                        visualize: int = 0, out: Optional[str | os.PathLike] = None,
+                        overwrite: bool = False) -> dict[str, Any]:
     """COCO box and mask AP of a detection checkpoint on a validation split (:func:`val_dataset`) of ``data``
     (default: the data it was trained on), as one process or under torchrun; with ``visualize`` N, the first
-    N images' detections drawn into ``out`` (default: ``visualize/`` beside the checkpoint). Returns what was
+    N images' detections drawn into ``out`` (default: ``visualize/`` beside the checkpoint; pictures already
+    there moved aside only with ``overwrite``, never onto an image of the data). Returns what was
     evaluated and the metrics of :data:`METRIC_NAMES` rounded to 4 places (None where nothing is scored)."""
     for flag, value, least in (("--batch-size", batch_size, 1), ("--workers", workers, 0),
                                ("--visualize", visualize, 0)):
@@ -175,6 +178,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = Non
             raise CheckpointError(f"{checkpoint} knows {meta['num_classes']} categories and {dataset.annotation_file} "
                                   f"declares {len(dataset.category_ids)}; evaluate on the data it was trained on")
         category_ids = matched_categories(dataset, meta["classes"], checkpoint) if "classes" in meta else None
+        if visualize and dist_info.is_main:  # before the work
+            claim_outputs(visualization_paths(dataset, drawn, visualize), overwrite, "weightformer det eval --visualize",
+                          inputs=[dataset.image_dir / dataset.coco.imgs[i]["file_name"] for i in dataset.image_ids])
         sampler = ResumableSampler(len(dataset), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
                             pin_memory=dist_info.device.type == "cuda")

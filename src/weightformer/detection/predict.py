@@ -13,7 +13,7 @@ from ..data.images import image_paths, read_image
 from ..engine.device import pick_device
 from ..engine.errors import ConfigError
 from ..engine.metrics import json_text
-from ..engine.outputs import claim_outputs
+from ..engine.outputs import claim_outputs, write_atomic
 from ..engine.run_dir import check_writable_folder
 from ..engine.weights import load_model
 from .visualize import draw_detections
@@ -54,7 +54,8 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
         record: dict[str, Any] = {"image": str(path)}
         if folder is not None:
             drawn = _drawn_path(folder, index, path)
-            draw_detections(image, prediction, names, score_threshold).save(drawn)
+            picture = draw_detections(image, prediction, names, score_threshold)
+            write_atomic(drawn, lambda f: picture.save(f, format="PNG"))
             record["drawn"] = str(drawn)
         keep = prediction["scores"] >= score_threshold
         kept = zip(prediction["boxes"][keep], prediction["labels"][keep], prediction["scores"][keep])
@@ -62,5 +63,5 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
                                  "box_xyxy": [round(float(v), 2) for v in box]} for box, label, score in kept]
         records.append(record)
     if folder is not None:
-        (folder / DETECTIONS_FILE).write_text(json_text(records, indent=2) + "\n")
+        write_atomic(folder / DETECTIONS_FILE, json_text(records, indent=2) + "\n")
     return records

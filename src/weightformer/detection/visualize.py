@@ -13,7 +13,9 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import to_pil_image
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
-__all__ = ["draw_detections", "save_visualizations"]
+from ..atomic import write_atomic
+
+__all__ = ["draw_detections", "save_visualizations", "visualization_paths"]
 
 
 def _color(label: int) -> tuple[int, int, int]:
@@ -46,16 +48,18 @@ def save_visualizations(model: nn.Module, dataset: Dataset, out_dir: str | Path,
                         class_names: Sequence[str], device: torch.device, score_threshold: float = 0.5) -> list[Path]:
     """``model``'s detections on the first ``count`` images of ``dataset``, drawn into
     ``<out_dir>/<image_id>.png``; returns the paths written."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
-    paths = []
-    for index in range(min(count, len(dataset))):  # type: ignore[arg-type]
-        image, target = dataset[index]
+    paths = visualization_paths(dataset, Path(out_dir), count)
+    for index, path in enumerate(paths):
+        image, _ = dataset[index]
         prediction = model([image.to(device)])[0]
-        path = out / f"{int(target['image_id'])}.png"
-        draw_detections(image, prediction, class_names, score_threshold).save(path)
-        paths.append(path)
+        picture = draw_detections(image, prediction, class_names, score_threshold)
+        write_atomic(path, lambda f: picture.save(f, format="PNG"))
     model.train(was_training)
     return paths
+
+
+def visualization_paths(dataset: Dataset, out_dir: Path, count: int) -> list[Path]:
+    """Where :func:`save_visualizations` draws the first ``count`` images of ``dataset``: ``<image_id>.png``."""
+    return [out_dir / f"{image_id}.png" for image_id in dataset.image_ids[:count]]

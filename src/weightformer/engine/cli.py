@@ -1,7 +1,8 @@
 """The command line of every task: ``train`` has one flag per setting of its config class that has help (the rest
 through ``--set name=value``), each ``(default: ...)`` read off the recipes; the others come from its :class:`TaskCLI`.
-Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory or non-finite outputs (one line), or a bug
-(its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM, checkpoint saved; a task's command may add its own."""
+Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory, a full disk, the file-size limit, a
+name too long, non-finite outputs or a diverged loss (one line), or a bug (its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM,
+checkpoint saved; a task's command may add its own."""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from .commands import Command, TaskCLI
 from .config import config_fields, parse_model_kwargs
-from .errors import USER_ERRORS, ConfigError, NonFiniteError
-from .outputs import output_file
+from .errors import USER_ERRORS, ConfigError, NonFiniteError, ResourceError, is_out_of_memory, resource_error
 from .metrics import json_text
-from .run_dir import check_writable_file
+from .outputs import check_output, output_file
 
 __all__ = [
     "BUG_REPORT", "Command", "TaskCLI", "add_checkpoint_arguments", "add_json_argument", "add_settings_arguments",
@@ -152,35 +152,33 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 
 def json_path_argument(args: argparse.Namespace) -> Optional[Path]:
     """``--json PATH``, checked before the work (not after it), or None. It may not be one of the
-    command's inputs (any other argument naming that file), nor an existing file unless ``--overwrite``."""
+    command's inputs (any other argument naming that file), nor an existing path unless ``--overwrite``."""
     if not getattr(args, "json", None):
         return None
     path = Path(args.json)
-    check_writable_file(path, "--json")
-    if path.exists():
-        target = path.resolve()
-        for name, value in vars(args).items():
-            values = value if isinstance(value, (list, tuple)) else [value]
-            if name != "json" and any(isinstance(v, str) and Path(v).exists() and Path(v).resolve() == target
-                                      for v in values):
-                raise ConfigError(f"--json {path} is the command's --{name.replace('_', '-')} input; write the "
-                                  f"results to another file")
-        if not getattr(args, "overwrite", False):
-            raise ConfigError(f"--json {path} already exists; pass --overwrite to replace it, or another --json path")
+    target = path.resolve()
+    for name, value in vars(args).items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if name != "json" and any(isinstance(v, str) and Path(v).exists() and Path(v).resolve() == target
+                                  for v in values):
+            raise ConfigError(f"--json {path} is the command's --{name.replace('_', '-')} input; write the "
+                              f"results to another file")
+    check_output(path, getattr(args, "overwrite", False), folder=False, flag="--json")
     return path
 
 
 def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -> int:
-    """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file."""
+    """Print ``result`` as a JSON line, then write it to ``json_path``: a failed write costs only the file
+    (exit 1 for want of space or of the file-size limit, 2 for another cause)."""
     print(json_text(result), flush=True)
     if json_path is not None:
         try:
             with output_file(json_path, overwrite=True) as tmp:  # checked before the work; written atomically
                 tmp.write_text(json_text(result, indent=2) + "\n")
         except OSError as exc:
-            print(f"error: the results above could not be written to --json {json_path} ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return 2
+            detail = exc if isinstance(exc, ResourceError) else f"--json {json_path}: {exc.strerror or exc}"
+            print(f"error: the results above were not written ({detail})", file=sys.stderr)
+            return 1 if isinstance(exc, ResourceError) else 2
     return 0
 
 
@@ -207,13 +205,14 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         print("aborted", file=sys.stderr)
         return 130
     except Exception as exc:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError)  # CUDA's, or the CPU allocator's
-                                                       and "can't allocate memory" in str(exc)):
+        if is_out_of_memory(exc):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             print(f"error: out of memory ({first}); pass a smaller --batch-size"
                   f"{' or --grad-checkpointing' if hint_grad_checkpointing else ''}", file=sys.stderr)
+            return 1
+        found = exc if isinstance(exc, ResourceError) else resource_error(exc)
+        if found is not None:  # a full disk, the file-size limit, a name too long: the machine's, not a bug
+            print(f"error: {one_line(found)}", file=sys.stderr)
             return 1
         traceback.print_exc()
         print(f"\n{BUG_REPORT}", file=sys.stderr)

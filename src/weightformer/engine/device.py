@@ -3,15 +3,16 @@ it does not import torch (the command line reads :data:`AMP_MODES`); its functio
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, ResourceError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AMP_MODES", "autocast", "pick_device"]
+__all__ = ["AMP_MODES", "autocast", "available_memory", "check_batch_fits", "pick_device"]
 
 AMP_MODES = ("none", "bf16", "fp16")
 
@@ -44,3 +45,32 @@ def autocast(device: torch.device, amp: str) -> Any:
     import torch
 
     return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory a new allocation can get without swapping: the kernel's MemAvailable, else the free
+    physical pages; None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def check_batch_fits(batch_size: int, img_size: Optional[int], channels: int = 1, copies: int = 2) -> None:
+    """Before the work: ResourceError if ``copies`` of one batch of float32 (``batch_size``, ``channels``,
+    ``img_size``, ``img_size``) images (the loader's and the model's input, before any activation) need more
+    memory than this machine has available."""
+    need = None if img_size is None else copies * batch_size * channels * img_size ** 2 * 4
+    free = available_memory()
+    if need is not None and free is not None and need > free:
+        raise ResourceError(f"--img-size {img_size} at --batch-size {batch_size} cannot fit: one batch of images "
+                            f"needs at least {need / 2 ** 30:,.1f} GiB ({copies} x {batch_size} x {channels} x "
+                            f"{img_size}^2 float32) and this machine has {free / 2 ** 30:,.1f} GiB of memory "
+                            f"available; pass a smaller --img-size or --batch-size")

@@ -1,16 +1,21 @@
-"""User-error types: mistakes the CLI reports as one line, without a traceback."""
+"""Error types the CLI reports as one line, without a traceback: a user's mistakes (``USER_ERRORS``, exit 2)
+and what the machine could not give (:class:`ResourceError`, out of memory; exit 1)."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
 
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
-__all__ = ["ConfigError", "NonFiniteError", "TrainingDivergedError", "USER_ERRORS", "is_signature_error",
-           "model_arguments_checked"]
+__all__ = ["ConfigError", "NonFiniteError", "ResourceError", "TrainingDivergedError", "USER_ERRORS",
+           "is_out_of_memory", "is_signature_error", "model_arguments_checked", "resource_error"]
 
 
 class ConfigError(ValueError):
@@ -25,7 +30,94 @@ class TrainingDivergedError(NonFiniteError):
     """The loss became NaN or infinite: the run stops before the update, keeping its last good checkpoint."""
 
 
+class ResourceError(OSError):
+    """What the machine cannot give: a file that could not be written for want of space, of the file-size limit,
+    of a shorter name or of a writable file system (one line naming the file and the cause), or a setting that
+    needs more memory than there is; never the user's mistake nor a bug."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError)
+
+_CAUSES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+           errno.EFBIG: "file too large", errno.ENAMETOOLONG: "file name too long",
+           errno.EROFS: "read-only file system"}
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's io::Error (safetensors) names an errno
+
+
+def _resource_os_error(exc: BaseException) -> tuple[Optional[int], Optional[str]]:
+    """The resource errno that ``exc`` or an exception behind it carries, and the file it names (torch.save's
+    "unexpected pos" error has the file's OSError as its context; safetensors says "(os error 28)")."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _CAUSES:
+            return exc.errno, exc.filename
+        found = _OS_ERROR.search(str(exc))
+        if found and int(found.group(1)) in _CAUSES:
+            return int(found.group(1)), None
+        exc = exc.__cause__ or exc.__context__
+    return None, None
+
+
+def _statvfs(folder: Path) -> Optional[os.statvfs_result]:
+    """The file system of ``folder``, or of its nearest existing parent."""
+    while not os.path.isdir(folder) and folder != folder.parent:  # (isdir is False for a name too long)
+        folder = folder.parent
+    try:
+        return os.statvfs(folder)
+    except OSError:
+        return None
+
+
+def _file_size_limit() -> Optional[int]:
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def resource_error(exc: BaseException, path: "str | os.PathLike | None" = None,
+                   staged: "str | os.PathLike | None" = None) -> Optional[ResourceError]:
+    """The :class:`ResourceError` behind ``exc``, found from the errno it carries or, for a failed write of
+    ``path`` through the temporary ``staged`` (a file or a folder) whose writer hid the errno, from the file
+    system (no bytes free) and the file-size limit (a staged file that reached it); None for another cause."""
+    code, named = _resource_os_error(exc)
+    given = path or named
+    path = Path(given or ".")
+    fs, limit = _statvfs(path.parent) if given else None, _file_size_limit()
+    free = None if fs is None else fs.f_bavail * fs.f_frsize
+    if code is None and staged is not None and free == 0:
+        code = errno.ENOSPC
+    elif code is None and staged is not None and limit is not None:
+        files = [Path(staged)] if Path(staged).is_file() else Path(staged).rglob("*")
+        code = errno.EFBIG if any(f.is_file() and f.stat().st_size >= limit for f in files) else None
+    if code is None:
+        return None
+    detail = {errno.ENOSPC: f"{free} bytes free" if free is not None else "",
+              errno.EDQUOT: f"{free} bytes free" if free is not None else "",
+              errno.EFBIG: f"ulimit -f allows {limit} bytes a file" if limit is not None else "",
+              errno.ENAMETOOLONG: f"a name of {max(map(len, path.parts), default=0)} characters; this file system "
+                                  f"allows {fs.f_namemax if fs else 255}"}.get(code, "")
+    what = "a write failed" if not given else f"cannot {'use' if code == errno.ENAMETOOLONG else 'write'} {path}"
+    error = ResourceError(f"{what}: {_CAUSES[code]}{f' ({detail})' if detail else ''}")
+    error.errno, error.filename = code, str(path)
+    return error
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is out of memory from any allocator: torch's (CUDA), the CPU allocator's ("can't allocate
+    memory"), or Python's MemoryError (PIL, NumPy)."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
 
 # The TypeError Python raises when a call's keywords do not fit the signature (not one from inside the model).
 _SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for (keyword )?argument")

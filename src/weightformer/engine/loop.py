@@ -35,8 +35,8 @@ from .config import (NOT_INHERITED, TrainConfig, check_layer, config_fields, loa
 from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed,
                           max_over_ranks, shutdown_distributed)
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
-from .device import autocast
-from .outputs import removed_if_failed
+from .device import autocast, check_batch_fits
+from .outputs import removed_if_failed, write_atomic
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, hold_run_folder, start_run_folder
 from .recipes import RESUMED, Recipe, RecipeChoice
@@ -303,6 +303,7 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
     with removed_if_failed(output) if dist_info.is_main else nullcontext():
         check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
         _setup_determinism(cfg, dist_info)
+        check_batch_fits(cfg.batch_size, cfg.img_size)  # an image side that cannot fit: refused before the data
         data = build_data(cfg, task, dist_info)
         training = build_training(cfg, task, data, dist_info)
         state = restore(ckpt, str(resume_from), task, training, data, dist_info) if ckpt is not None else RunState()
@@ -326,7 +327,7 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
     if dist_info.is_main:
         for note in start_run_folder(output, resuming=ckpt is not None, overwrite=overwrite):
             print(f"note: {note}")
-        (output / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        write_atomic(output / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         if ckpt is not None:
             truncate_metrics(output / "metrics.jsonl", state.epoch)
         _announce(cfg, data, training, dist_info, state, resume_from)

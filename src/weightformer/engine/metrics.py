@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
+from ..atomic import write_atomic
 from .errors import NonFiniteError
 
 __all__ = ["FiniteOutputs", "Progress", "append_metrics", "format_duration", "json_text", "plot_curves",
@@ -74,9 +75,16 @@ class FiniteOutputs:
 
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON object as a line (:func:`json_text`)."""
-    with open(path, "a") as f:
-        f.write(json_text(record) + "\n")
+    """Append one JSON object as a line; a write that fails (a full disk) leaves no part of it."""
+    line = memoryview((json_text(record) + "\n").encode())
+    with open(path, "ab", buffering=0) as f:
+        start = f.tell()
+        try:
+            while line:
+                line = line[f.write(line):]
+        except OSError:
+            f.truncate(start)
+            raise
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -90,7 +98,7 @@ def truncate_metrics(path: Path, completed_epochs: int) -> None:
     """Keep the records of the first ``completed_epochs`` epochs: the ones a resumed checkpoint includes."""
     if path.is_file():
         kept = [r for r in read_metrics(path) if r["epoch"] <= completed_epochs and not r.get("partial")]
-        path.write_text("".join(json_text(r) + "\n" for r in kept))
+        write_atomic(path, "".join(json_text(r) + "\n" for r in kept))
 
 
 def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> None:
@@ -117,7 +125,7 @@ def plot_curves(metrics_path: Path, png_path: Path, metrics: Sequence[str]) -> N
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path)
+    write_atomic(png_path, lambda f: fig.savefig(f, format="png"))
 
 
 def format_duration(seconds: float) -> str:

@@ -1,6 +1,8 @@
 """One policy for every command that writes: into a temporary sibling renamed into place at the end (one
 file: :func:`write_atomic`); never over an existing output unasked; with ``--overwrite`` the old output moved
-aside (``<name>.previous-<time>``), never deleted; and never onto one of the command's inputs."""
+aside (``<name>.previous-<time>``), never deleted; and never onto one of the command's inputs, ``--overwrite``
+or not. A path that is a symbolic link counts as existing, whether or not its target does. A write that fails
+for want of space, of the file-size limit or of a shorter name is a :class:`~.errors.ResourceError`."""
 
 from __future__ import annotations
 
@@ -14,32 +16,51 @@ from pathlib import Path
 from typing import ContextManager
 
 from ..atomic import write_atomic
-from .errors import ConfigError
+from .errors import ConfigError, resource_error
 from .run_dir import check_writable_file, check_writable_folder, unused_path
 
 __all__ = ["check_not_an_input", "check_output", "claim_outputs", "move_aside", "output_file", "output_folder",
            "removed_if_failed", "write_atomic"]
 
 
-def check_output(path: Path, overwrite: bool, folder: bool, flag: str = "--out") -> None:
-    """Before the work: ``path`` can be written, and holds nothing unless ``overwrite``."""
-    if path.exists() and not overwrite and (not path.is_dir() or any(path.iterdir())):
-        raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or another {flag}")
+def check_output(path: Path, overwrite: bool, folder: bool, flag: str = "--out",
+                 inputs: "Sequence[str | os.PathLike | None]" = ()) -> None:
+    """Before the work: ``path`` is none of ``inputs`` (:func:`check_not_an_input`), can be written, and holds
+    nothing unless ``overwrite`` (then it is moved aside)."""
+    path = Path(path)
+    check_not_an_input(path, inputs, flag)
+    if os.path.lexists(path) and not overwrite and (not path.is_dir() or any(path.iterdir())):
+        link = f" (a symbolic link to {os.readlink(path)})" if path.is_symlink() else ""
+        raise ConfigError(f"{flag} {path} already exists{link}; pass --overwrite to move it aside (never deleted), "
+                          f"or another {flag}")
     if folder:
-        if path.exists() and not path.is_dir():
+        if os.path.lexists(path) and not path.is_dir():
             raise ConfigError(f"{flag} {path} is a file; the hf format writes a folder, pass a folder path")
         check_writable_folder(path.parent if str(path.parent) else Path("."), f"the folder of {flag}")
     else:
         check_writable_file(path, flag)
 
 
-def check_not_an_input(path: Path, inputs: "list[str | os.PathLike | None]", flag: str = "--out") -> None:
-    """ConfigError if the output ``path`` is one of ``inputs`` or holds one (a folder around a checkpoint)."""
-    target = Path(path).resolve()
+def check_not_an_input(paths: "Path | Sequence[Path]", inputs: "Sequence[str | os.PathLike | None]",
+                       flag: str = "--out") -> None:
+    """ConfigError if an output of ``paths`` is one of ``inputs`` (through a link too) or holds one (a folder
+    around a checkpoint)."""
+    targets = {Path(p).resolve(): Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)}
+    files = {(s.st_dev, s.st_ino): p for t, p in targets.items() if (s := _stat(t)) is not None}  # hard links
     for given in (g for g in inputs if g is not None):
         source = Path(given).resolve()
-        if source == target or target in source.parents:
-            raise ConfigError(f"{flag} {path} would write over the command's input {given}; pass another {flag}")
+        found = targets.get(source) or next((targets[t] for t in source.parents if t in targets), None)
+        if found is None and files and (stat := _stat(source)) is not None:
+            found = files.get((stat.st_dev, stat.st_ino))
+        if found is not None:
+            raise ConfigError(f"{flag} {found} would write over the command's input {given}; pass another {flag}")
+
+
+def _stat(path: Path) -> "os.stat_result | None":
+    try:
+        return path.stat()
+    except OSError:
+        return None
 
 
 def move_aside(path: Path) -> Path:
@@ -56,15 +77,22 @@ def output_file(path: Path, overwrite: bool = False, folder: bool = False) -> It
     in a temporary folder: some writers record the name (torch.export's .pt2 archive names its root after it)."""
     path = Path(path)
     check_output(path, overwrite, folder=folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    staged = tmp if folder else tmp / path.name
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name[:200]}.", dir=path.parent))
+        staged = tmp if folder else tmp / path.name
         yield staged
-        if path.exists():
+        if os.path.lexists(path):
             move_aside(path)
         os.replace(staged, path)
+    except Exception as exc:
+        found = resource_error(exc, path, tmp)  # before the temporary goes: the sizes at the failure
+        if found is not None:
+            raise found from exc
+        raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def output_folder(path: Path, overwrite: bool = False) -> ContextManager[Path]:
@@ -77,9 +105,8 @@ def claim_outputs(paths: Sequence[Path], overwrite: bool, command: str, flag: st
     """Before the work of a command that writes named files into a folder: none of ``paths`` is one of ``inputs``,
     and none exists unless ``overwrite``; those there are moved aside (:func:`move_aside`) and their new names
     returned. Other files in the folder are never touched. ``hint`` ends the refusal's message."""
-    for path in paths:
-        check_not_an_input(path, list(inputs), flag)
-    taken = [Path(p) for p in paths if Path(p).exists()]
+    check_not_an_input(paths, inputs, flag)
+    taken = [Path(p) for p in paths if os.path.lexists(p)]
     if not taken:
         return []
     if not overwrite:
@@ -95,7 +122,7 @@ def removed_if_failed(folder: Path) -> Iterator[None]:
     """A block that makes ``folder`` (and its missing parents) and then works: if it fails or is stopped,
     the folders it made are removed again while they are empty, so a failed command leaves no empty folder."""
     folder = Path(folder)
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    made = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]  # deepest first
     try:
         yield
     except BaseException:

@@ -76,6 +76,9 @@ def _locked(path: Path, folder: Path) -> Optional[int]:
 
 def check_writable_folder(folder: Path, flag: str) -> None:
     """Create ``folder`` if needed and prove a file can be written in it, or raise ConfigError."""
+    if folder.is_symlink() and not folder.exists():
+        raise ConfigError(f"{flag} {folder} is a symbolic link to {os.readlink(folder)}, which does not exist; "
+                          f"make its target folder, or pass another path")
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{flag} {folder} is a file, not a folder; pass a folder path")
     try:
@@ -100,7 +103,7 @@ def check_writable_file(path: Path, flag: str) -> None:
 def unused_path(folder: Path, name: str) -> Path:
     """``folder/name``, or ``folder/name-N`` with the first N not taken."""
     path, suffix = folder / name, 1
-    while path.exists():
+    while os.path.lexists(path):
         path, suffix = folder / f"{name}-{suffix}", suffix + 1
     return path
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.config import parse_model_kwargs
 from ..engine.errors import ConfigError
-from ..engine.outputs import check_not_an_input, check_output
+from ..engine.outputs import check_output
 
 __all__ = ["build_parser", "main"]
 
@@ -68,8 +68,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from .onnx import check_opset
 
         check_opset(args.opset)
-    check_not_an_input(Path(args.out), [args.checkpoint])
-    check_output(Path(args.out), args.overwrite, folder=args.format == "hf")  # before the work
+    check_output(Path(args.out), args.overwrite, folder=args.format == "hf", inputs=[args.checkpoint])  # before the work
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..engine.cli import Command, TaskCLI, add_json_argument, finite_float, json_path_argument, print_and_write_results
 from ..engine.device import pick_device
-from ..engine.errors import ConfigError
+from ..engine.outputs import claim_outputs
 from ..engine.run_dir import check_writable_folder
 from .config import GUIDANCE_MODES, SAMPLERS
 
@@ -32,7 +32,8 @@ def _add_sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="samples per forward pass (default: %(default)s)")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     p.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu (default: auto: cuda if available)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT/samples.npz and OUT/grid.png")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move an earlier OUT/samples.npz and OUT/grid.png aside (<name>.previous-<time>) and write anew")
 
 
 def _run_sample(args: argparse.Namespace) -> int:
@@ -40,9 +41,8 @@ def _run_sample(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_writable_folder(out, "--out")
-    existing = [p.name for p in (out / "samples.npz", out / "grid.png") if p.exists()]
-    if existing and not args.overwrite:
-        raise ConfigError(f"--out {out} already holds {', '.join(existing)}; pass another --out, or --overwrite")
+    claim_outputs([out / "samples.npz", out / "grid.png"], args.overwrite, "weightformer gen sample",
+                  inputs=[args.checkpoint])
     loaded = load_generator(args.checkpoint, use_ema=False if args.no_ema else None, device=pick_device(args.device))
     images, labels = generate(loaded, args.num_per_class, args.classes, args.steps, args.sampler, args.cfg_scale,
                               args.guidance, args.seed, args.batch_size)

@@ -18,7 +18,7 @@ from torch import nn
 from ..data.errors import DataError
 from ..data.images import image_paths, read_image
 from ..engine.errors import ConfigError
-from ..engine.outputs import claim_outputs
+from ..engine.outputs import claim_outputs, write_atomic
 from ..progress import progress
 from ..engine.run_dir import check_writable_folder
 from .data import EvalTransform
@@ -69,8 +69,9 @@ def write_prediction(stem: str, image: Image.Image, classes: np.ndarray, colours
     label.putpalette(file_colours.flatten().tolist())
     blend = (1 - alpha) * np.asarray(image, dtype=np.float64) + alpha * colours[classes].astype(np.float64)
     label_path, overlay_path = out / f"{stem}.png", out / f"{stem}_overlay.png"
-    label.save(label_path)
-    Image.fromarray(np.clip(blend + 0.5, 0, 255).astype(np.uint8)).save(overlay_path)
+    overlay = Image.fromarray(np.clip(blend + 0.5, 0, 255).astype(np.uint8))
+    for picture, path in ((label, label_path), (overlay, overlay_path)):
+        write_atomic(path, lambda f: picture.save(f, format="PNG"))
     return label_path, overlay_path
 
 
