@@ -9,7 +9,8 @@ from typing import Any, Iterator, Mapping
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
-__all__ = ["ConfigError", "TrainingDivergedError", "USER_ERRORS", "is_signature_error", "model_arguments_checked"]
+__all__ = ["ConfigError", "TrainingDivergedError", "USER_ERRORS", "brief", "is_signature_error",
+           "model_arguments_checked"]
 
 
 class ConfigError(ValueError):
@@ -21,6 +22,13 @@ class TrainingDivergedError(RuntimeError):
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError)
+
+
+def brief(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters with an ellipsis: a user's value never
+    crowds out the rest of the line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"
 
 # The TypeError Python raises when a call's keywords do not fit the signature (not one from inside the model).
 _SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for (keyword )?argument")
@@ -41,9 +49,9 @@ def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = ""
     except TypeError as exc:
         if not is_signature_error(exc):
             raise
-        raise ConfigError(f"{what} does not take the model arguments {dict(kwargs)}: {exc}; check --model-kwargs"
+        raise ConfigError(f"{what} does not take the model arguments {brief(dict(kwargs))}: {exc}; check --model-kwargs"
                           f"{hint}") from exc
     except (ValueError, AssertionError) as exc:  # timm checks some arguments with asserts (num_heads | embed_dim)
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise ConfigError(f"cannot build {what} with model arguments {dict(kwargs)}: {detail}; check "
+        raise ConfigError(f"cannot build {what} with model arguments {brief(dict(kwargs))}: {detail}; check "
                           f"--model-kwargs{hint}") from exc
