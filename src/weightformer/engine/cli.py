@@ -57,12 +57,12 @@ def finite_float(text: str) -> float:
     return value
 
 
-def _default_text(task: Any, name: str) -> str:
+def _default_text(task: Any, name: str, recipes: Sequence[Any]) -> str:
     """``(default: X)``, or, where the recipes differ, ``(default: X (offline); Y (vitdet-coco, small-data))``."""
     spec = config_fields(task.config_class)[name]
     own = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
     groups: list[tuple[Any, list[str]]] = []
-    for recipe in task.recipes():
+    for recipe in recipes:
         value = recipe.values.get(name, own)
         for known, names in groups:
             if known == value:
@@ -91,13 +91,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
     S = argparse.SUPPRESS
     parser.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
                         help="YAML file of settings; flags override it")
-    hints = typing.get_type_hints(task.config_class)
+    hints, recipes = typing.get_type_hints(task.config_class), task.recipes()
     for name, spec in config_fields(task.config_class).items():
         meta = spec.metadata
         if not meta.get("help") or (name == "layer_decay" and task.backbone_path is None):
             continue  # no flag of its own (--set name=value); layer decay needs a backbone's blocks
         flag = meta.get("flag") or f"--{name.replace('_', '-')}"
-        text = meta["help"] if "(default" in meta["help"] else f"{meta['help']} {_default_text(task, name)}"
+        text = meta["help"] if "(default" in meta["help"] else f"{meta['help']} {_default_text(task, name, recipes)}"
         hint = hints[name]
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         base = args[0] if typing.get_origin(hint) is typing.Union else hint
