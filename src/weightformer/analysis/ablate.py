@@ -23,8 +23,9 @@ from typing import Any
 import yaml
 
 from ..classification.config import ClassificationConfig
-from ..engine.config import SettingsLoader, yaml_reason, config_fields
-from ..engine.errors import USER_ERRORS, ConfigError
+from ..engine.config import DuplicateKeyError, config_fields, yaml_reason
+from ..engine.config import load_yaml as load_grid_yaml
+from ..engine.errors import USER_ERRORS, ConfigError, brief
 from ..engine.metrics import json_text
 from ..engine.outputs import write_atomic
 
@@ -51,45 +52,12 @@ class AblationConfig:
         return self.output / variant / f"seed{seed}"
 
 
-class DuplicateKeyError(yaml.YAMLError):
-    """A key given twice in one mapping of a YAML file."""
-
-
-class _GridLoader(SettingsLoader):
-    """The settings files' loader that refuses a key given twice in one mapping (YAML keeps the last, so two
-    variants of one name would be one). Merge keys (``<<: *base``) still override as YAML says."""
-
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Mark] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key, mark = self.construct_object(key_node, deep=True), key_node.start_mark
-                try:
-                    first = seen.setdefault(key, mark)
-                except TypeError:  # an unhashable key: the base loader says what is wrong with it
-                    continue
-                if first is not mark:
-                    where = (f"line {mark.line + 1}, columns {first.column + 1} and {mark.column + 1}"
-                             if first.line == mark.line else f"lines {first.line + 1} and {mark.line + 1}")
-                    raise DuplicateKeyError(f"the key {key!r} is given twice, at {where} (YAML would keep only the "
-                                            f"last); rename or remove one")
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_grid_yaml(text: str) -> Any:
-    """YAML text as :func:`weightformer.engine.config.load_yaml` reads it, but a key given twice in one mapping
-    is a :class:`DuplicateKeyError` (a ``yaml.YAMLError``)."""
-    return yaml.load(text, Loader=_GridLoader)  # noqa: S506 (a SafeLoader subclass)
-
-
 def _check_settings(values: Any, where: str) -> dict[str, Any]:
     if not isinstance(values, dict):
-        raise ConfigError(f"{where} must be a mapping of training settings, got {values!r}")
+        raise ConfigError(f"{where} must be a mapping of training settings, got {brief(values)}")
     for key in values:
         if key not in config_fields(ClassificationConfig) or key in ("output", "seed", "resume", "overwrite"):
-            raise ConfigError(f"{where}: {key!r} is not a setting a variant may set; use classification settings "
+            raise ConfigError(f"{where}: {brief(key)} is not a setting a variant may set; use classification settings "
                               f"other than output, seed, resume and overwrite (the runner sets those)")
     return values
 
@@ -109,8 +77,6 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
         raw = load_grid_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{where} is not a text file (not UTF-8); pass a YAML file") from exc
-    except DuplicateKeyError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is not valid YAML ({yaml_reason(exc)})") from exc
     if not isinstance(raw, dict):
@@ -124,18 +90,18 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
                           f"{{period_3: {{model_kwargs: {{dynamic_period: 3}}}}}}")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(_is_int(s, 0) for s in seeds):
-        raise ConfigError(f"{where}: 'seeds' must be a list of non-negative integers, got {seeds!r}")
+        raise ConfigError(f"{where}: 'seeds' must be a list of non-negative integers, got {brief(seeds)}")
     check_seeds(seeds, f"{where}: 'seeds'")
     batch = raw.get("throughput_batch", 64)
     if not _is_int(batch, 1):
-        raise ConfigError(f"{where}: 'throughput_batch' must be a positive number of images, got {batch!r}")
+        raise ConfigError(f"{where}: 'throughput_batch' must be a positive number of images, got {brief(batch)}")
     for name in variants:
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-            raise ConfigError(f"{where}: variant name {name!r} must be a plain folder name")
+            raise ConfigError(f"{where}: variant name {brief(name)} must be a plain folder name")
     return AblationConfig(
         name=str(raw.get("name") or path.stem), output=Path(raw.get("output") or f"runs/ablations/{path.stem}"),
         seeds=seeds, recipe=_check_settings(raw.get("recipe", {}), "recipe"),
-        variants={name: _check_settings(v or {}, f"variant {name!r}") for name, v in variants.items()},
+        variants={name: _check_settings(v or {}, f"variant {brief(name)}") for name, v in variants.items()},
         throughput_batch=batch, source=str(path))
 
 

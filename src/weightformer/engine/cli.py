@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .commands import Command, TaskCLI
-from .config import config_fields, parse_model_kwargs
+from .config import config_fields, given_item, parse_model_kwargs
 from .errors import USER_ERRORS, ConfigError, NonFiniteError, ResourceError, is_out_of_memory, resource_error
 from .metrics import json_text
 from .outputs import check_output, output_file
@@ -33,13 +33,17 @@ SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 BUG_REPORT = ("this is a bug in weightformer or a library it uses, not a problem with your input; please report it "
               "on the weightformer issue tracker with the command you ran and the traceback above")
 _NOT_SETTINGS = ("command", "config_file", "model_kwargs", "model_arg", "set")
+PRECEDENCE = """Settings, each later one winning: the recipe (a resumed run's own settings instead), then --config FILE.yaml
+(with its _base_ files), then the command line (flags, --set, --model-kwargs). On the command line a setting
+has one value: a flag and a --set giving it two values, or two --set, is an error."""
+MAX_LINE = 1200  # characters of an error line: room for the longest list of choices, not for a user's megabytes
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as one ``error:`` line naming the command (not the usage block)."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"error: {one_line(f'{self.prog}: {message} (see {self.prog} --help)')}\n")
 
 
 def finite_float(text: str) -> float:
@@ -53,12 +57,12 @@ def finite_float(text: str) -> float:
     return value
 
 
-def _default_text(task: Any, name: str) -> str:
+def _default_text(task: Any, name: str, recipes: Sequence[Any]) -> str:
     """``(default: X)``, or, where the recipes differ, ``(default: X (offline); Y (vitdet-coco, small-data))``."""
     spec = config_fields(task.config_class)[name]
     own = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
     groups: list[tuple[Any, list[str]]] = []
-    for recipe in task.recipes():
+    for recipe in recipes:
         value = recipe.values.get(name, own)
         for known, names in groups:
             if known == value:
@@ -87,13 +91,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
     S = argparse.SUPPRESS
     parser.add_argument("--config", dest="config_file", metavar="FILE.yaml", default=S,
                         help="YAML file of settings; flags override it")
-    hints = typing.get_type_hints(task.config_class)
+    hints, recipes = typing.get_type_hints(task.config_class), task.recipes()
     for name, spec in config_fields(task.config_class).items():
         meta = spec.metadata
         if not meta.get("help") or (name == "layer_decay" and task.backbone_path is None):
             continue  # no flag of its own (--set name=value); layer decay needs a backbone's blocks
         flag = meta.get("flag") or f"--{name.replace('_', '-')}"
-        text = meta["help"] if "(default" in meta["help"] else f"{meta['help']} {_default_text(task, name)}"
+        text = meta["help"] if "(default" in meta["help"] else f"{meta['help']} {_default_text(task, name, recipes)}"
         hint = hints[name]
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         base = args[0] if typing.get_origin(hint) is typing.Union else hint
@@ -114,13 +118,27 @@ def add_settings_arguments(parser: argparse.ArgumentParser, task: Any) -> None:
 
 
 def train_overrides(args: argparse.Namespace, task: Any) -> dict[str, Any]:
-    """The settings the user gave as flags (``--set`` and ``--model-kwargs`` included)."""
+    """The settings the user gave on the command line: flags, ``--set`` and ``--model-kwargs``. They give each
+    setting one value: a flag and a ``--set`` (or ``--set model_kwargs=`` and ``--model-kwargs``) that give
+    one setting two values are a ConfigError naming both."""
     fields = config_fields(task.config_class)
     values = {k: v for k, v in vars(args).items() if k in fields and k != "model_kwargs"}
-    values.update(parse_model_kwargs(getattr(args, "set", []), flag="--set"))
-    model_kwargs = parse_model_kwargs(getattr(args, "model_kwargs", []), flag="--model-kwargs")
-    if model_kwargs:
-        values["model_kwargs"] = {**values.get("model_kwargs", {}), **model_kwargs}
+    items = getattr(args, "set", [])
+    for key, value in parse_model_kwargs(items, flag="--set").items():
+        if key in values and values[key] != value:
+            flag, given = fields[key].metadata.get("flag") or f"--{key.replace('_', '-')}", values[key]
+            if not isinstance(given, bool):
+                flag += " " + (" ".join(map(str, given)) if isinstance(given, list) else str(given))
+            raise ConfigError(f"{flag} and --set {given_item(items, key)} give {key!r} two values; pass one")
+        values[key] = value
+    kwarg_items = getattr(args, "model_kwargs", [])
+    model_kwargs, given = parse_model_kwargs(kwarg_items, flag="--model-kwargs"), values.get("model_kwargs", {})
+    if model_kwargs and isinstance(given, dict):  # another type is refused with the settings
+        for key in model_kwargs.keys() & given.keys():
+            if model_kwargs[key] != given[key]:
+                raise ConfigError(f"--set {given_item(items, 'model_kwargs')} and --model-kwargs "
+                                  f"{given_item(kwarg_items, key)} give model_kwargs.{key} two values; pass one")
+        values["model_kwargs"] = {**given, **model_kwargs}
     return values
 
 
@@ -182,9 +200,11 @@ def print_and_write_results(result: dict[str, Any], json_path: Optional[Path]) -
     return 0
 
 
-def one_line(exc: BaseException) -> str:
-    """The message of ``exc`` as one line."""
-    return " ".join(str(exc).strip().splitlines()) or type(exc).__name__
+def one_line(exc: BaseException | str) -> str:
+    """The message of ``exc`` as one line of at most ``MAX_LINE`` characters: a longer one keeps its start
+    (the problem) and its last 200 characters (the fix) around an ellipsis."""
+    text = " ".join(str(exc).strip().splitlines()) or type(exc).__name__
+    return text if len(text) <= MAX_LINE else f"{text[:MAX_LINE - 201]}…{text[-200:]}"
 
 
 def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bool = False) -> int:
@@ -231,7 +251,7 @@ def build_parser(task: Any, prog: Optional[str] = None) -> argparse.ArgumentPars
     train = sub.add_parser(
         "train", help=f"train a {task.name} model", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"Train a {task.name} model. The first line of the run names the recipe chosen for the data "
-                    f"and why; flags and --config override it.\nRecipes: {recipes}.")
+                    f"and why; flags and --config override it.\nRecipes: {recipes}.", epilog=PRECEDENCE)
     add_settings_arguments(train, task)
     task.cli.train_arguments(train)
     for command in commands:

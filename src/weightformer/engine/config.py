@@ -20,11 +20,12 @@ from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, brief
 
-__all__ = ["NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys", "SettingsLoader", "check_layer",
-           "config_fields", "load_yaml", "yaml_reason", "load_config_file", "parse_model_kwargs", "read_yaml_tree",
-           "resolve_config", "scaled_learning_rates", "setting", "validate_config"]
+__all__ = ["ALIAS_LIMIT", "DuplicateKeyError", "NOT_INHERITED", "REFERENCE_BATCH", "TrainConfig", "check_keys",
+           "SettingsLoader", "check_layer", "config_fields", "given_item", "load_yaml", "yaml_reason", "load_config_file",
+           "parse_model_kwargs", "read_yaml_tree", "resolve_config", "scaled_learning_rates", "setting",
+           "validate_config"]
 
 SCHEDULES = ("cosine", "multistep", "poly")  # timm's schedulers that the loop offers
 REFERENCE_BATCH = 512  # lr, min_lr and warmup_lr are given for this total batch and scaled linearly
@@ -164,7 +165,7 @@ def _is_number(value: Any) -> bool:
 def _finite(name: str, value: Any) -> float:
     """``value`` as a finite float, or ConfigError (bools, strings, inf and nan are refused)."""
     if not _is_number(value):
-        raise ConfigError(f"setting {name!r} must be a number, got {value!r}")
+        raise ConfigError(f"setting {name!r} must be a number, got {brief(value)}")
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float
@@ -195,12 +196,12 @@ def _check_value(config_class: type[TrainConfig], name: str, value: Any) -> Any:
         pair = typing.get_args(base)[-1] is not Ellipsis
         if not isinstance(value, (list, tuple)) or not all(_is_number(v) for v in value) or pair and len(value) != 2:
             wanted = "two numbers [min, max]" if pair else "a list of numbers, e.g. [8, 11]"
-            raise ConfigError(f"setting {name!r} must be {wanted}, got {value!r}")
+            raise ConfigError(f"setting {name!r} must be {wanted}, got {brief(value)}")
         return tuple(_finite(name, v) for v in value)
     if origin is int and isinstance(value, bool) or not isinstance(value, origin):
-        raise ConfigError(f"setting {name!r} must be of type {origin.__name__}, got {value!r}")
+        raise ConfigError(f"setting {name!r} must be of type {origin.__name__}, got {brief(value)}")
     if origin is dict and not all(isinstance(key, str) for key in value):
-        raise ConfigError(f"setting {name!r} must map argument names to values, e.g. {{patch_size: 4}}, got {value!r}")
+        raise ConfigError(f"setting {name!r} must map argument names to values, e.g. {{patch_size: 4}}, got {brief(value)}")
     return value
 
 
@@ -210,7 +211,7 @@ def check_keys(config_class: type[TrainConfig], values: Mapping[Any, Any], sourc
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(fields)}"
-            raise ConfigError(f"unknown setting {key!r} in {source}{hint}")
+            raise ConfigError(f"unknown setting {brief(key)} in {source}{hint}")
 
 
 def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -220,8 +221,41 @@ def check_layer(config_class: type[TrainConfig], values: Mapping[str, Any], sour
     return {k: _check_value(config_class, k, v) for k, v in values.items()}
 
 
+ALIAS_LIMIT = 100_000  # characters that aliases may add to a YAML document ("billion laughs" add billions)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping of a YAML file."""
+
+
 class SettingsLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` is a number, not the string YAML 1.1 makes of it."""
+    """PyYAML's safe loader with YAML 1.2's floats (``1e-3`` is a number, not the string YAML 1.1 makes of it)
+    and YAML 1.2's unique keys (a key given twice in one mapping is a :class:`DuplicateKeyError`; merge keys,
+    ``<<: *base``, still override), which refuses aliases that contain themselves or expand the document by
+    more than ``ALIAS_LIMIT`` characters."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        _check_aliases(node)
+        return node
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, mark = self.construct_object(key_node, deep=True), key_node.start_mark
+                try:
+                    first = seen.setdefault(key, mark)
+                except TypeError:  # an unhashable key: the base loader says what is wrong with it
+                    continue
+                if first is not mark:
+                    where = (f"line {mark.line + 1}, columns {first.column + 1} and {mark.column + 1}"
+                             if first.line == mark.line else f"lines {first.line + 1} and {mark.line + 1}")
+                    raise DuplicateKeyError(f"the key {brief(key)} is given twice, at {where} (YAML would keep only "
+                                            f"the last); rename or remove one")
+        return super().construct_mapping(node, deep=deep)
 
 
 SettingsLoader.add_implicit_resolver(  # plain integers stay ints: YAML's int resolver, registered first, wins
@@ -231,9 +265,40 @@ SettingsLoader.add_implicit_resolver(  # plain integers stay ints: YAML's int re
                     |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
 
 
+def _check_aliases(root: yaml.Node) -> None:
+    """YAMLError if an alias in the node graph ``root`` contains itself, or if writing every alias out would add
+    more than ``ALIAS_LIMIT`` characters (a scalar counts its length + 1, a collection 1), before anything is built."""
+    sizes: dict[int, Optional[int]] = {}  # id(node) -> its size with aliases written out; None while inside it
+    written = 0  # the size with each node counted once
+
+    def size(node: yaml.Node) -> int:
+        nonlocal written
+        if id(node) in sizes:
+            if sizes[id(node)] is None:
+                raise yaml.YAMLError(f"the value anchored at line {node.start_mark.line + 1} holds an alias to "
+                                     f"itself; write the value out")
+            return sizes[id(node)]
+        sizes[id(node)] = None
+        if isinstance(node, yaml.ScalarNode):
+            own, children = len(node.value) + 1, []
+        else:
+            own, children = 1, node.value if isinstance(node, yaml.SequenceNode) else [n for kv in node.value for n in kv]
+        written += own
+        sizes[id(node)] = total = own + sum(size(child) for child in children)
+        return total
+
+    if size(root) - written > ALIAS_LIMIT:
+        raise yaml.YAMLError(f"its aliases (*name) expand it by more than {ALIAS_LIMIT:,} characters; write the "
+                             f"values out")
+
+
 def load_yaml(text: str) -> Any:
-    """YAML text as Python values (safe: plain data only), with YAML 1.2's floats (see :class:`SettingsLoader`)."""
-    return yaml.load(text, Loader=SettingsLoader)  # noqa: S506 (a SafeLoader subclass)
+    """YAML text as Python values (safe: plain data only), read by :class:`SettingsLoader`; every YAML the
+    project reads from a user goes through here."""
+    try:
+        return yaml.load(text, Loader=SettingsLoader)  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:
+        raise yaml.YAMLError("its values are nested too deeply to read") from None
 
 
 def yaml_reason(exc: yaml.YAMLError) -> str:
@@ -285,7 +350,7 @@ def read_yaml_tree(path: str | Path, role: str = "config file", _seen: tuple[Pat
     bases = values.pop("_base_", [])
     bases = [bases] if isinstance(bases, str) else bases
     if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
-        raise ConfigError(f"{role} {path}: _base_ must be a file name or a list of them, got {bases!r}")
+        raise ConfigError(f"{role} {path}: _base_ must be a file name or a list of them, got {brief(bases)}")
     merged: dict[str, Any] = {}
     for base in bases:
         inherited = read_yaml_tree(path.parent / base, f"_base_ of {path}", (*_seen, path.resolve()))
@@ -305,19 +370,30 @@ def load_config_file(path: str | Path, config_class: Optional[type[TrainConfig]]
 
 def parse_model_kwargs(items: list[str], flag: str = "--model-kwargs") -> dict[str, Any]:
     """``["patch_size=4", "drop_path_rate=0.1"]`` -> ``{"patch_size": 4, "drop_path_rate": 0.1}`` (YAML
-    values); ``flag``, the option they came from (``--model-kwargs``, ``--set``), is named in errors."""
+    values); ``flag``, the option they came from (``--model-kwargs``, ``--set``), is named in errors. One key
+    given two different values is a ConfigError naming both."""
     example = f"{flag} {'weight_decay=0.1' if flag == '--set' else 'patch_size=4'}"
     kwargs: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{flag} {item!r} is not KEY=VALUE; write e.g. {example}")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{flag} {brief(item)} is not KEY=VALUE; write e.g. {example}")
         try:
-            kwargs[key.strip()] = load_yaml(raw)
+            value = load_yaml(raw)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{flag} {item!r}: the value is not valid YAML ({yaml_reason(exc)}); "
+            raise ConfigError(f"{flag} {brief(item)}: the value is not valid YAML ({yaml_reason(exc)}); "
                               f"write e.g. {example}") from exc
+        if key in kwargs and kwargs[key] != value:
+            raise ConfigError(f"{flag} {given_item(items, key)} and {flag} {brief(item)} give {key!r} two values; "
+                              f"pass one")
+        kwargs[key] = value
     return kwargs
+
+
+def given_item(items: list[str], key: str) -> str:
+    """The first ``KEY=VALUE`` of ``items`` that sets ``key``, for a message."""
+    return brief(next(item for item in items if item.partition("=")[0].strip() == key))
 
 
 def resolve_config(config_class: type[TrainConfig], base: Mapping[str, Any] | None = None,
@@ -349,7 +425,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         for name, ok, allowed in vars(klass).get("RULES", ()):
             value = getattr(cfg, name)
             if not ok(value):
-                raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+                raise ConfigError(f"{name} must be {allowed}, got {brief(value)}")
     cfg.check()
     return cfg
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, Optional
 from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
-__all__ = ["ConfigError", "NonFiniteError", "ResourceError", "TrainingDivergedError", "USER_ERRORS",
+__all__ = ["ConfigError", "NonFiniteError", "ResourceError", "TrainingDivergedError", "USER_ERRORS", "brief",
            "is_out_of_memory", "is_signature_error", "model_arguments_checked", "resource_error"]
 
 
@@ -119,6 +119,12 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+def brief(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters with an ellipsis: a user's value never
+    crowds out the rest of the line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"
+
 # The TypeError Python raises when a call's keywords do not fit the signature (not one from inside the model).
 _SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|multiple values for (keyword )?argument")
 
@@ -138,9 +144,9 @@ def model_arguments_checked(what: str, kwargs: Mapping[str, Any], hint: str = ""
     except TypeError as exc:
         if not is_signature_error(exc):
             raise
-        raise ConfigError(f"{what} does not take the model arguments {dict(kwargs)}: {exc}; check --model-kwargs"
+        raise ConfigError(f"{what} does not take the model arguments {brief(dict(kwargs))}: {exc}; check --model-kwargs"
                           f"{hint}") from exc
     except (ValueError, AssertionError) as exc:  # timm checks some arguments with asserts (num_heads | embed_dim)
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise ConfigError(f"cannot build {what} with model arguments {dict(kwargs)}: {detail}; check "
+        raise ConfigError(f"cannot build {what} with model arguments {brief(dict(kwargs))}: {detail}; check "
                           f"--model-kwargs{hint}") from exc
