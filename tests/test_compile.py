@@ -8,10 +8,12 @@ minutes of compiler time on a 2-core CPU, so the Inductor run of the same sizes 
 ``weightformer bench export`` (benchmarks/results/cpu/export/), also with ``error_on_recompile``.
 """
 
+import pytest
 import timm
 import torch
 
 import weightformer  # noqa: F401  (registers the models)
+from weightformer.layers import DynamicLinear
 
 # Non-square first: compiling at a square size first makes Dynamo "duck size" H and W into one
 # symbol, and a later non-square input then recompiles (set
@@ -29,3 +31,38 @@ def test_one_compilation_serves_every_size():
             x = torch.randn(*shape)
             torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
     torch._dynamo.reset()
+
+
+def test_train_compile_runs_its_first_steps(tmp_path):
+    """``train --compile`` (Inductor, dynamic shapes) trains: its views saved for backward have symbolic strides
+    such as 96·⌊W/4⌋ that Inductor's stride sort cannot order without ``strict_output_strides``."""
+    from conftest_train import make_image_folder, tiny_config
+    from weightformer.engine import train
+
+    folder = make_image_folder(tmp_path / "data", train_per_class=4, val_per_class=2)
+    torch._dynamo.reset()
+    config = tiny_config(folder, tmp_path / "run", compile=True, epochs=1, max_steps=2,
+                         model_kwargs={"patch_size": 4, "embed_dim": 16, "depth": 2})
+    train(config, task="classification")
+    torch._dynamo.reset()
+    assert (tmp_path / "run" / "last.pt").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="Inductor (torch 2.14.1, CPU) returns NaN for the bilateral predictor's core "
+                                       "once the 2x2-pooled grid is one token (3x2 or 2x3 tokens); aot_eager and eager "
+                                       "are finite, and pool+proj or silu+bmm alone compile right")
+def test_inductor_bilateral_core_at_a_one_token_pooled_grid():
+    """Reproducer: the core compiled with dynamic shapes at 4x4 and 14x10, then called at 3x2 (recompiled there,
+    the pooled grid specialised to one token)."""
+    torch.manual_seed(0)
+    predictor = DynamicLinear(32, 128).predictor
+    torch._dynamo.reset()
+    compiled = torch.compile(predictor.core, fullgraph=True, dynamic=True)
+    try:
+        with torch.no_grad():
+            for h, w in ((4, 4), (14, 10), (3, 2)):
+                x = torch.randn(2, h, w, 32)
+                torch.testing.assert_close(compiled(x), predictor.core(x), atol=1e-6, rtol=1e-5)
+    finally:
+        torch._dynamo.reset()

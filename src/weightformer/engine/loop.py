@@ -319,7 +319,10 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         if ckpt is None and cfg.init is not None:
             init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
-        training.train_model = torch.compile(training.train_model, dynamic=True)
+        # strict_output_strides: Inductor otherwise sorts the symbolic strides of the views it saves for backward
+        # with sympy, which cannot order sizes such as 96·⌊W/4⌋ against 96 ("cannot determine truth value").
+        training.train_model = torch.compile(training.train_model, dynamic=True,
+                                             options={"strict_output_strides": True})
     if dist_info.distributed:
         device_ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
         training.train_model = DistributedDataParallel(training.train_model, device_ids=device_ids)
