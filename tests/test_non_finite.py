@@ -150,7 +150,8 @@ def test_non_finite_outputs_of_finite_weights_are_an_error_not_a_score(task, run
     if task == "cls":
         commands = [["eval", "--checkpoint", str(checkpoint), "--data", str(data[task]), *CPU,
                      "--json", str(tmp_path / "r.json")],
-                    ["predict", str(_image(tmp_path)), "--checkpoint", str(checkpoint), "--out", str(tmp_path / "p.json")]]
+                    ["predict", str(_image(tmp_path)), "--checkpoint", str(checkpoint), "--out", str(tmp_path / "p.json")],
+                    ["export", "--checkpoint", str(checkpoint), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]]
         expected = "non-finite logits"
     elif task == "gen":
         commands = [["gen", "sample", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "samples"),
@@ -159,6 +160,9 @@ def test_non_finite_outputs_of_finite_weights_are_an_error_not_a_score(task, run
     else:
         commands = [[task, "eval", "--checkpoint", str(checkpoint), "--data", str(data[task]), *CPU,
                      "--json", str(tmp_path / "r.json")]]
+        if task == "det":
+            commands.append(["det", "predict", str(_image(tmp_path)), "--checkpoint", str(checkpoint), "--device", "cpu",
+                             "--out", str(tmp_path / "drawn")])
         expected = {"det": "non-finite detections", "seg": "non-finite logits (NaN or Inf) for 2 image(s)"}[task]
     capsys.readouterr()
     for command in commands:

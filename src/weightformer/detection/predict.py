@@ -11,7 +11,7 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from ..data.images import image_paths, read_image
 from ..engine.device import pick_device
-from ..engine.errors import ConfigError
+from ..engine.errors import ConfigError, NonFiniteError
 from ..engine.metrics import json_text
 from ..engine.outputs import claim_outputs, write_atomic
 from ..engine.run_dir import check_writable_folder
@@ -51,6 +51,8 @@ def predict(checkpoint: str | os.PathLike, images: Sequence[str | os.PathLike], 
     records = []
     for index, (path, image) in enumerate(zip(files, pixels)):
         prediction = {k: v.cpu() for k, v in loaded.model([image.to(where)])[0].items()}
+        if not all(v.isfinite().all() for v in prediction.values() if v.is_floating_point()):
+            raise NonFiniteError(f"the model gave non-finite detections (NaN or Inf) for {path}; no result is given from them")
         record: dict[str, Any] = {"image": str(path)}
         if folder is not None:
             drawn = _drawn_path(folder, index, path)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..engine.errors import ConfigError
+from ..engine.errors import ConfigError, NonFiniteError
 from ..engine.outputs import output_file
 from .sizes import check_export_sizes
 
@@ -110,6 +110,9 @@ def check_onnx(path: str | Path, model: nn.Module, in_chans: int, sizes: Iterabl
         x = _example(in_chans, (h, w), batch)
         with torch.no_grad():
             expected = model(x).numpy()
+        if not np.isfinite(expected).all():
+            raise NonFiniteError(f"the model gave non-finite logits (NaN or Inf) at {batch}x{in_chans}x{h}x{w}; no export "
+                                 f"is given from them")
         got = session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
         diff = float(np.abs(got - expected).max()) if got.shape == expected.shape else float("inf")
         diffs[f"{batch}x{h}x{w}"] = diff
