@@ -30,7 +30,8 @@ def sample(model: WeightFormerDiT, diffusion: GaussianDiffusion, labels: Tensor,
            sampler: str = "ddpm", cfg_scale: float = 1.0, guidance: str | None = None, clip: bool = True,
            eta: float = 0.0, generator: torch.Generator | None = None, progress: bool = False) -> Tensor:
     """Samples (B, in_channels, input_size, input_size) of ``labels`` (B,) in the model's space (pixels or
-    latents); ``generator`` fixes every draw; ``clip`` clamps the predicted x0 to [-1, 1] (pixels only)."""
+    latents); ``generator`` fixes every draw; ``clip`` clamps the predicted x0 to [-1, 1] (pixels only). A sample
+    for which the model predicted a non-finite value at any step is returned as NaN, never as a clamped image."""
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
     if cfg_scale < 1.0:
@@ -42,11 +43,13 @@ def sample(model: WeightFormerDiT, diffusion: GaussianDiffusion, labels: Tensor,
     timesteps = respaced_timesteps(diffusion.num_timesteps, steps)
     scheduler = diffusion.ddpm_scheduler(timesteps, clip) if sampler == "ddpm" else None
     steps_shown = progress_lines(timesteps, desc=f"{sampler} {steps} steps", unit="step", enabled=progress)
+    finite = torch.ones(shape[0], dtype=torch.bool, device=x.device)  # (B,) no non-finite prediction so far
     for i, t in enumerate(steps_shown):
         out = _guided_output(model, x, t, labels, cfg_scale, guidance)
+        finite &= out.flatten(1).isfinite().all(1)
         if scheduler is not None:
             x = scheduler.step(out, t, x, generator=generator).prev_sample
         else:
             t_prev = timesteps[i + 1] if i + 1 < len(timesteps) else -1
             x = diffusion.ddim_step(out, x, t, t_prev, eta=eta, clip=clip, generator=generator)
-    return x
+    return torch.where(finite[:, None, None, None], x, torch.nan)
