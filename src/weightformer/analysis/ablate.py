@@ -404,6 +404,14 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
                  rerun_changed: bool = False) -> list[dict[str, Any]]:
     """Check everything (:func:`plan_ablation`), train every unfinished run, then write ``table.md``,
     ``table.json`` and ``table.png`` into ``config.output``; returns the rows."""
+    from ..engine.outputs import removed_if_failed
+    from ..engine.run_dir import hold_run_folder
+
+    with removed_if_failed(config.output), hold_run_folder(config.output):  # a grid belongs to one process, as each of its runs does
+        return _run_grid(config, only, rerun_changed)
+
+
+def _run_grid(config: AblationConfig, only: Sequence[str] | None, rerun_changed: bool) -> list[dict[str, Any]]:
     from ..progress import progress
 
     plans = plan_ablation(config, only, rerun_changed)

@@ -1,0 +1,47 @@
+"""The fault classes swept over the commands beside train/eval/predict/export/sample/analyze: bench and ablate
+folders belong to one process; a cache's sidecar killed mid-write is a cache miss, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from weightformer.cli import main
+from weightformer.engine.run_dir import hold_run_folder
+
+BENCH = {  # command -> (module, the function that would measure: it must never run)
+    "sweep": ([], "weightformer.bench.sweep.Sweep.run"),
+    "dense": (["dense"], "weightformer.bench.dense.run"),
+    "dit": (["dit"], "weightformer.bench.dit.benchmark"),
+    "export": (["export"], "weightformer.bench.export.measure"),
+}
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the work started in a folder another process holds")
+
+
+@pytest.mark.parametrize("suite", list(BENCH))
+def test_bench_out_held_by_another_process_is_refused(suite, tmp_path: Path, monkeypatch, capsys):
+    words, target = BENCH[suite]
+    monkeypatch.setattr(target, _never)
+    out = tmp_path / "out"
+    with hold_run_folder(out):  # another descriptor: flock refuses it as it would another process
+        code = main(["bench", *words, "--out", str(out), *(["--device", "cpu"] if suite != "export" else [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is in use by process" in err[0] and "--out" in err[0], err
+
+
+def test_ablate_grid_held_by_another_process_is_refused(tmp_path: Path, monkeypatch, capsys):
+    import weightformer.analysis.ablate as ablate
+
+    monkeypatch.setattr(ablate, "plan_ablation", _never)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"output": str(tmp_path / "runs"), "variants": {"a": {}},
+                                    "recipe": {"data": "glyph_match:size=32,train=16,val=8", "epochs": 1}}))
+    with hold_run_folder(tmp_path / "runs"):
+        code = main(["ablate", str(grid)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is in use by process" in err[0], err
