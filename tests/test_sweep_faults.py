@@ -45,3 +45,39 @@ def test_ablate_grid_held_by_another_process_is_refused(tmp_path: Path, monkeypa
         code = main(["ablate", str(grid)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "is in use by process" in err[0], err
+
+
+def test_a_latent_cache_without_its_sidecar_is_encoded_again(tmp_path: Path):
+    import hashlib
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import save_file
+    from torch.utils.data import TensorDataset
+
+    from weightformer.generation.latents import encode_split
+
+    class Encoder:  # AutoencoderKL's interface: (B, 1, 8, 8) -> latents (B, 1, 4, 4)
+        config = SimpleNamespace(scaling_factor=1.0, in_channels=1)
+
+        def encode(self, x):
+            return SimpleNamespace(latent_dist=SimpleNamespace(sample=lambda generator: x[:, :, ::2, ::2]))
+
+    images = TensorDataset(torch.ones(3, 1, 8, 8), torch.arange(3))
+    cache = tmp_path / f"{hashlib.sha256(b'k').hexdigest()[:16]}.safetensors"
+    save_file({"latents": torch.zeros(1), "labels": torch.zeros(1)}, cache)  # a save killed before its sidecar
+    latents = encode_split(Encoder(), images, tmp_path, "k", 2, torch.device("cpu"), 0, progress=False)
+    assert latents.tensors[0].shape == (3, 1, 4, 4) and latents.tensors[0].eq(1).all()
+    again = encode_split(Encoder(), images, tmp_path, "k", 2, torch.device("cpu"), 0, progress=False)
+    assert torch.equal(again.tensors[0], latents.tensors[0])  # now read from the cache
+
+
+def test_a_journal_line_that_is_no_point_is_one_line(tmp_path: Path):
+    import json
+
+    from weightformer.bench.journal import FORMAT, Journal, JournalMismatch
+
+    path = tmp_path / "points.jsonl"
+    path.write_text(json.dumps({"format": FORMAT, "settings": {}}) + "\n[1, 2]\n")
+    with pytest.raises(JournalMismatch, match="line 2 is not a point"):
+        Journal(path, {}, resume=True)
