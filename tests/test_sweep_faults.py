@@ -81,3 +81,21 @@ def test_a_journal_line_that_is_no_point_is_one_line(tmp_path: Path):
     path.write_text(json.dumps({"format": FORMAT, "settings": {}}) + "\n[1, 2]\n")
     with pytest.raises(JournalMismatch, match="line 2 is not a point"):
         Journal(path, {}, resume=True)
+
+
+def test_ablate_refuses_a_result_whose_top1_is_not_finite(tmp_path: Path, capsys):
+    import json
+
+    import weightformer.analysis.ablate as ablate
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"output": str(tmp_path / "runs"), "variants": {"a": {}},
+                                    "recipe": {"data": "glyph_match:size=32,train=16,val=8", "epochs": 1}}))
+    config = ablate.load_ablation(grid)
+    folder = config.folder("a", 0)
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"config": ablate.resolved_settings(config, "a", 0),
+                                                    "top1_last": float("nan"), "top1_best": float("nan")}))
+    assert main(["ablate", str(grid)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "top-1 is not a finite number" in err[0], err

@@ -11,6 +11,7 @@ params, FLOPs, img/s) is written as Markdown, JSON and a PNG plot.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -190,8 +191,11 @@ def plan_run(config: AblationConfig, variant: str, seed: int, settings: dict[str
     plan = RunPlan(variant, seed, folder, settings, "new")
     if done.is_file():
         try:
-            recorded = json.loads(done.read_text()).get("config")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+            record = json.loads(done.read_text())
+            recorded = record.get("config")
+            if not all(math.isfinite(record[k]) for k in ("top1_last", "top1_best")):
+                raise ValueError("its top-1 is not a finite number")
+        except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as exc:
             raise ConfigError(f"{done} is not a result of this runner ({exc}); move it away to train the run "
                               f"again") from exc
         if recorded is None and last.is_file():  # a result.json without the settings: read them from last.pt
