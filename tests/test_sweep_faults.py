@@ -99,3 +99,17 @@ def test_ablate_refuses_a_result_whose_top1_is_not_finite(tmp_path: Path, capsys
     assert main(["ablate", str(grid)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "top-1 is not a finite number" in err[0], err
+
+
+def test_metrics_of_a_run_drop_a_torn_last_line_and_refuse_other_garbage(tmp_path: Path):
+    from weightformer.engine.errors import ConfigError
+    from weightformer.engine.metrics import read_metrics, truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1, "val_top1": 50.0}\n{"epoch": 2, "val_top1": 6')  # the machine lost the end
+    assert read_metrics(path) == [{"epoch": 1, "val_top1": 50.0}]
+    truncate_metrics(path, 1)  # what --resume auto does with it
+    assert path.read_text() == '{"epoch": 1, "val_top1": 50.0}\n'
+    path.write_text('[1]\n{"epoch": 1}\n')
+    with pytest.raises(ConfigError, match="line 1 is no record of an epoch"):
+        read_metrics(path)

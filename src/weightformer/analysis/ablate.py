@@ -27,7 +27,7 @@ from ..classification.config import ClassificationConfig
 from ..engine.config import DuplicateKeyError, config_fields, yaml_reason
 from ..engine.config import load_yaml as load_grid_yaml
 from ..engine.errors import USER_ERRORS, ConfigError, brief
-from ..engine.metrics import json_text
+from ..engine.metrics import json_text, read_metrics
 from ..engine.outputs import write_atomic
 
 __all__ = ["AblationConfig", "DuplicateKeyError", "RunPlan", "check_variant_model", "load_ablation", "load_grid_yaml",
@@ -283,8 +283,7 @@ def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = Fal
     result = train(settings, task="classification")
     if result.stopped_by is not None:
         raise GridStopped(result.stopped_by)  # the run saved last.pt; the next `weightformer ablate` resumes it
-    lines = (folder / "metrics.jsonl").read_text().splitlines()
-    top1 = [json.loads(line)["val_top1"] for line in lines if line.strip()]
+    top1 = [r["val_top1"] for r in read_metrics(folder / "metrics.jsonl")]
     record = {"variant": variant, "seed": seed, "top1_last": top1[-1], "top1_best": max(top1), "epochs": len(top1),
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
               "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
