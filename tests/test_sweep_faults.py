@@ -113,3 +113,15 @@ def test_metrics_of_a_run_drop_a_torn_last_line_and_refuse_other_garbage(tmp_pat
     path.write_text('[1]\n{"epoch": 1}\n')
     with pytest.raises(ConfigError, match="line 1 is no record of an epoch"):
         read_metrics(path)
+
+
+def test_a_full_disk_when_an_output_folder_is_made_is_a_resource_error(tmp_path: Path, monkeypatch, capsys):
+    import errno
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", full)
+    assert main(["bench", "dense", "--out", str(tmp_path / "new"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no space left on the device" in err[0] and "new" in err[0], err

@@ -14,7 +14,7 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, resource_error
 
 try:
     import fcntl
@@ -89,9 +89,9 @@ def check_writable_folder(folder: Path, flag: str) -> None:
         probe = folder / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a folder you can write to"
-                          ) from exc
+    except OSError as exc:  # a full disk is the machine's (ResourceError), a folder of someone else's the user's
+        raise resource_error(exc) or ConfigError(f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a "
+                                                 f"folder you can write to") from exc
 
 
 def check_writable_file(path: Path, flag: str) -> None:
