@@ -125,3 +125,19 @@ def test_a_full_disk_when_an_output_folder_is_made_is_a_resource_error(tmp_path:
     assert main(["bench", "dense", "--out", str(tmp_path / "new"), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no space left on the device" in err[0] and "new" in err[0], err
+
+
+def test_a_full_disk_when_the_shapes_data_is_drawn_is_a_resource_error(tmp_path: Path, monkeypatch):
+    import errno
+    import tempfile
+
+    from weightformer.engine.errors import ResourceError
+    from weightformer.segmentation import synthetic
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "cache"))
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    with pytest.raises(ResourceError, match="no space left on the device"):
+        synthetic.shapes_root()
