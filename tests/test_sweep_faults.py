@@ -141,3 +141,21 @@ def test_a_full_disk_when_the_shapes_data_is_drawn_is_a_resource_error(tmp_path:
     monkeypatch.setattr(tempfile, "mkdtemp", full)
     with pytest.raises(ResourceError, match="no space left on the device"):
         synthetic.shapes_root()
+
+
+def test_analyze_transfer_gives_no_accuracy_from_logits_that_are_not_finite():
+    import timm
+    import torch
+
+    import weightformer.models  # noqa: F401 (registers the models with timm)
+    from weightformer.analysis import transfer
+    from weightformer.engine.errors import NonFiniteError
+
+    model = timm.create_model("weightformer_tiny", embed_dim=16, depth=1, patch_size=4, in_chans=1, num_classes=2,
+                              img_size=16).eval()
+    torch.nn.init.constant_(model.get_classifier().bias, float("nan"))
+    images, labels = torch.zeros(3, 1, 16, 16), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(NonFiniteError, match="non-finite logits"):
+        transfer._accuracy(model, images, labels)
+    with pytest.raises(NonFiniteError, match="non-finite logits"):
+        transfer.swap_diagnosis(model, images, labels, 32, "around", 0.0)
