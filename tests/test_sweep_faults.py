@@ -159,3 +159,14 @@ def test_analyze_transfer_gives_no_accuracy_from_logits_that_are_not_finite():
         transfer._accuracy(model, images, labels)
     with pytest.raises(NonFiniteError, match="non-finite logits"):
         transfer.swap_diagnosis(model, images, labels, 32, "around", 0.0)
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan")])
+def test_an_erf_without_finite_gradient_mass_gives_no_statistics(value):
+    import numpy as np
+
+    from weightformer.analysis.erf import erf_stats
+    from weightformer.engine.errors import NonFiniteError
+
+    with pytest.raises(NonFiniteError, match="no finite gradient mass"):
+        erf_stats(np.full((8, 8), value))
