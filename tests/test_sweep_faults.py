@@ -170,3 +170,18 @@ def test_an_erf_without_finite_gradient_mass_gives_no_statistics(value):
 
     with pytest.raises(NonFiniteError, match="no finite gradient mass"):
         erf_stats(np.full((8, 8), value))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, on the covariance of one image
+def test_gen_eval_of_one_sample_is_one_line(monkeypatch):
+    import numpy as np
+
+    from weightformer.engine.errors import ConfigError
+    from weightformer.generation import evaluation, pipeline
+
+    one = np.random.default_rng(0).normal(size=(1, 8))  # the cause: one image's covariance is NaN
+    with pytest.raises(np.linalg.LinAlgError):
+        evaluation.frechet_distance(one, np.random.default_rng(1).normal(size=(5, 8)))
+    monkeypatch.setattr(pipeline, "reference_images", lambda *a, **k: pytest.fail("scored"))
+    with pytest.raises(ConfigError, match="at least 2"):
+        pipeline.evaluate_samples(np.zeros((1, 28, 28, 1), np.uint8), np.zeros(1, np.int64), "mnist", 28, 0)
