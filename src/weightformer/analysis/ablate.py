@@ -11,6 +11,7 @@ params, FLOPs, img/s) is written as Markdown, JSON and a PNG plot.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -26,7 +27,7 @@ from ..classification.config import ClassificationConfig
 from ..engine.config import DuplicateKeyError, config_fields, yaml_reason
 from ..engine.config import load_yaml as load_grid_yaml
 from ..engine.errors import USER_ERRORS, ConfigError, brief
-from ..engine.metrics import json_text
+from ..engine.metrics import json_text, read_metrics
 from ..engine.outputs import write_atomic
 
 __all__ = ["AblationConfig", "DuplicateKeyError", "RunPlan", "check_variant_model", "load_ablation", "load_grid_yaml",
@@ -190,8 +191,11 @@ def plan_run(config: AblationConfig, variant: str, seed: int, settings: dict[str
     plan = RunPlan(variant, seed, folder, settings, "new")
     if done.is_file():
         try:
-            recorded = json.loads(done.read_text()).get("config")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+            record = json.loads(done.read_text())
+            recorded = record.get("config")
+            if not all(math.isfinite(record[k]) for k in ("top1_last", "top1_best")):
+                raise ValueError("its top-1 is not a finite number")
+        except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as exc:
             raise ConfigError(f"{done} is not a result of this runner ({exc}); move it away to train the run "
                               f"again") from exc
         if recorded is None and last.is_file():  # a result.json without the settings: read them from last.pt
@@ -279,8 +283,7 @@ def train_one(config: AblationConfig, variant: str, seed: int, fresh: bool = Fal
     result = train(settings, task="classification")
     if result.stopped_by is not None:
         raise GridStopped(result.stopped_by)  # the run saved last.pt; the next `weightformer ablate` resumes it
-    lines = (folder / "metrics.jsonl").read_text().splitlines()
-    top1 = [json.loads(line)["val_top1"] for line in lines if line.strip()]
+    top1 = [r["val_top1"] for r in read_metrics(folder / "metrics.jsonl")]
     record = {"variant": variant, "seed": seed, "top1_last": top1[-1], "top1_best": max(top1), "epochs": len(top1),
               "train_seconds": round(time.perf_counter() - start, 1), "settings": settings,
               "config": _recorded_settings(folder / "last.pt")}  # what the run resolved to: the key of its result
@@ -404,6 +407,14 @@ def run_ablation(config: AblationConfig, only: Sequence[str] | None = None,
                  rerun_changed: bool = False) -> list[dict[str, Any]]:
     """Check everything (:func:`plan_ablation`), train every unfinished run, then write ``table.md``,
     ``table.json`` and ``table.png`` into ``config.output``; returns the rows."""
+    from ..engine.outputs import removed_if_failed
+    from ..engine.run_dir import hold_run_folder
+
+    with removed_if_failed(config.output), hold_run_folder(config.output):  # a grid belongs to one process, as each of its runs does
+        return _run_grid(config, only, rerun_changed)
+
+
+def _run_grid(config: AblationConfig, only: Sequence[str] | None, rerun_changed: bool) -> list[dict[str, Any]]:
     from ..progress import progress
 
     plans = plan_ablation(config, only, rerun_changed)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..engine.errors import NonFiniteError
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
@@ -71,6 +73,9 @@ class ErfResult:
 def erf_stats(erf: np.ndarray, center: Sequence[float] | None = None) -> ErfResult:
     """The numbers of an ERF map (H, W); ``center``: (row, col) of the centre token's centre (default the image's)."""
     H, W = erf.shape
+    if not erf.sum() > 0:  # no gradient reached the input (all zero), or one that is not a number
+        raise NonFiniteError(f"the effective receptive field has no finite gradient mass (its sum is {erf.sum()}); "
+                             f"no statistics are given from it")
     cy, cx = center if center is not None else ((H - 1) / 2, (W - 1) / 2)
     mass = erf / erf.sum()
     top, left = H // 4, W // 4

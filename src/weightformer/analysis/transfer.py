@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import ConfigError
-from ..engine.metrics import json_text
+from ..engine.metrics import FiniteOutputs, json_text
 from ..engine.outputs import write_atomic
 
 if TYPE_CHECKING:
@@ -91,9 +91,13 @@ def probe_batch(data: str, split: str = "val") -> tuple[torch.Tensor, torch.Tens
 def _accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 200) -> float:
     import torch
 
+    finite, hits = FiniteOutputs("logits", images.device), 0
     with torch.no_grad():
-        hits = sum(int((model(images[i:i + batch]).argmax(-1) == labels[i:i + batch]).sum())
-                   for i in range(0, len(images), batch))
+        for i in range(0, len(images), batch):
+            logits = model(images[i:i + batch])
+            finite.update(logits)
+            hits += int((logits.argmax(-1) == labels[i:i + batch]).sum())
+    finite.check()  # no accuracy from logits that are not numbers
     return 100.0 * hits / len(images)
 
 
@@ -222,6 +226,9 @@ def _forward_parts(model: nn.Module, images: torch.Tensor, replace: dict[str, An
     finally:
         for handle in handles:
             handle.remove()
+    finite = FiniteOutputs("logits", logits.device)
+    finite.update(logits)
+    finite.check()
     return store, logits
 
 

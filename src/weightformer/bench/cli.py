@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.errors import ConfigError
+from ..engine.run_dir import hold_run_folder
 from .journal import JOURNAL_NAME
 from .checks import DTYPES, MEASUREMENTS, MODES, SWEEP_FILES, check_choices, check_models, check_number, check_resolution
 from .subjects import suite
@@ -200,8 +201,7 @@ def _raise_stopped(signum: int, frame: Any) -> None:
 
 
 def run_sweep(args: argparse.Namespace, command: str) -> int:
-    from . import sweep
-    from .results import claim_out_dir, default_out, log
+    from .results import default_out
 
     config = config_from_args(args)
     out = default_out(args.out, config.device)
@@ -209,6 +209,15 @@ def run_sweep(args: argparse.Namespace, command: str) -> int:
         raise ConfigError("--resume continues the points in --out and --overwrite moves them aside; pass one of them")
     journal = Path(out) / JOURNAL_NAME
     hint = f" (--resume: there is no {JOURNAL_NAME} there to resume from)" if args.resume and not journal.exists() else ""
+    with hold_run_folder(out, "--out"):  # the journal and the results are one process's
+        return _sweep_held(args, command, config, out, journal, hint)
+
+
+def _sweep_held(args: argparse.Namespace, command: str, config: "SweepConfig", out: Path, journal: Path,
+                hint: str) -> int:
+    from . import sweep
+    from .results import claim_out_dir, log
+
     claim_out_dir(out, (*SWEEP_FILES, JOURNAL_NAME), args.overwrite, "weightformer bench",
                   keep=args.resume and journal.is_file(), hint=hint, log=log)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only there can handlers be set

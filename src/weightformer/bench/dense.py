@@ -127,12 +127,13 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 def run_command(args: Any, command: str) -> int:
     from ..engine.outputs import removed_if_failed
+    from ..engine.run_dir import hold_run_folder
     from .results import claim_out_dir, default_out, log, write_results
 
     config = DenseBenchConfig(models=args.models, sizes=args.sizes, modes=args.modes, repetitions=args.repetitions,
                               max_call_seconds=args.max_call_seconds, device=args.device, memory=not args.no_memory)
     out = default_out(args.out, config.device, "dense")
-    with removed_if_failed(out):
+    with removed_if_failed(out), hold_run_folder(out, "--out"):
         claim_out_dir(out, FILES, args.overwrite, "weightformer bench dense", log=log)
         result = run(config, log=log)
         result["machine"]["command"] = command

@@ -240,6 +240,7 @@ def run_command(args: Any, command: str) -> int:
 
     from ..engine.errors import ConfigError
     from ..engine.outputs import removed_if_failed
+    from ..engine.run_dir import hold_run_folder
     from ..generation.variants import DIT_VARIANTS
     from .checks import check_device
     from .results import claim_out_dir, default_out, log, machine_info, write_results
@@ -269,7 +270,7 @@ def run_command(args: Any, command: str) -> int:
                     "anchor": ANCHOR, "rows": rows}
         write_results(out, dict(zip(FILES, (document, markdown(document)))))
 
-    with removed_if_failed(out):
+    with removed_if_failed(out), hold_run_folder(out, "--out"):  # one process writes the files after each side
         claim_out_dir(out, FILES, args.overwrite, "weightformer bench dit", log=log)
         benchmark(args.models, sorted(set(args.sides)), args.batch, args.repeats, args.max_seconds, args.device,
                   not args.no_memory, attention=list(dict.fromkeys(args.attention)), on_side=save)

@@ -14,6 +14,7 @@ import numpy as np
 import timm
 import torch
 
+from ..engine.run_dir import hold_run_folder
 from .results import claim_out_dir, machine_info, provenance, write_results
 from .subjects import suite
 from .timing import median, side_by_side
@@ -88,11 +89,13 @@ def markdown(result: dict, provenance_lines: str) -> str:
 
 
 def run_command(args: Any, command: str) -> int:
-    claim_out_dir(args.out, FILES, args.overwrite, "weightformer bench export")
-    torch.set_num_threads(args.threads)
-    info = machine_info("cpu", command)  # before measuring: the load average the measurements began under
-    result = {**measure(args.model, rounds=args.rounds, repeats=args.repeats, threads=args.threads), "machine": info}
-    table = markdown(result, provenance(info))
-    write_results(args.out, dict(zip(FILES, (result, table))))
+    with hold_run_folder(args.out, "--out"):
+        claim_out_dir(args.out, FILES, args.overwrite, "weightformer bench export")
+        torch.set_num_threads(args.threads)
+        info = machine_info("cpu", command)  # before measuring: the load average the measurements began under
+        result = {**measure(args.model, rounds=args.rounds, repeats=args.repeats, threads=args.threads),
+                  "machine": info}
+        table = markdown(result, provenance(info))
+        write_results(args.out, dict(zip(FILES, (result, table))))
     print(table)
     return 0

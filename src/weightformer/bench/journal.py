@@ -31,6 +31,13 @@ def _differences(old: Dict[str, Any], new: Dict[str, Any], prefix: str = "") -> 
             yield f"{prefix}{name} {a!r} there, {b!r} now"
 
 
+def _is_point(record: Any) -> bool:
+    """Whether ``record`` has the shape of a point line: its key (four plain values) and its row or FLOPs."""
+    key = record.get("key") if isinstance(record, dict) else None
+    return isinstance(key, list) and len(key) == 4 and all(isinstance(k, (str, int)) for k in key) \
+        and isinstance(record.get("row", record.get("flops")), dict)
+
+
 class Journal:
     """Append-only record of a sweep's points; ``entries``: key -> record."""
 
@@ -60,6 +67,9 @@ class Journal:
                 raise JournalMismatch(f"{self.path} line {number + 1} is not JSON; move the file away to start afresh")
             if number == 0:
                 self._check_header(record)
+            elif not _is_point(record):
+                raise JournalMismatch(f"{self.path} line {number + 1} is not a point of a journal; move the file away "
+                                      f"to start afresh")
             else:
                 self.entries[tuple(record["key"])] = record
             good += len(line) + 1

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from ..engine.errors import ConfigError
 from ..engine.metrics import json_text
 from ..engine.outputs import claim_outputs, write_atomic
 from ..engine.run_dir import check_writable_file, check_writable_folder
@@ -93,9 +92,6 @@ def provenance(info: Dict[str, Any]) -> str:
 
 def check_out_dir(out_dir: Path, names: Sequence[str], flag: str = "--out") -> None:
     out_dir = Path(out_dir)
-    for parent in (out_dir, *out_dir.parents):
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{flag} {out_dir}: {parent} is a file, not a folder; give a folder path")
     check_writable_folder(out_dir, flag)
     for name in names:
         check_writable_file(out_dir / name, flag)

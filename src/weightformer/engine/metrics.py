@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from tqdm import tqdm
 
 from ..atomic import write_atomic
-from .errors import NonFiniteError
+from .errors import ConfigError, NonFiniteError
 
 __all__ = ["FiniteOutputs", "Progress", "append_metrics", "format_duration", "json_text", "plot_curves",
            "read_metrics", "truncate_metrics"]
@@ -88,10 +88,24 @@ def append_metrics(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file ([] if it does not exist)."""
+    """All records of a metrics.jsonl file ([] if it does not exist); a last line cut short (a write the machine
+    lost) is dropped, and another line that is no record of an epoch is a ConfigError."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines) - 1:
+                break
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
+            raise ConfigError(f"{path} line {number + 1} is no record of an epoch; move the file away (or the run "
+                              f"folder, for a new run)")
+        records.append(record)
+    return records
 
 
 def truncate_metrics(path: Path, completed_epochs: int) -> None:

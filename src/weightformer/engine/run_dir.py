@@ -14,7 +14,7 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, resource_error
 
 try:
     import fcntl
@@ -29,13 +29,13 @@ LOCK_FILE = ".lock"  # held by the run's process; "<pid>\n<start time>\n<command
 
 
 @contextmanager
-def hold_run_folder(folder: Path) -> Iterator[None]:
+def hold_run_folder(folder: Path, flag: str = "--output") -> Iterator[None]:
     """The block owns ``folder`` (made if needed): an exclusive ``flock`` on its :data:`LOCK_FILE`, which the
     kernel releases when the process ends however it ends; a ConfigError naming the process that holds it.
     Where no lock can be had (no ``fcntl``, a file system without locks), the block runs unguarded."""
-    check_writable_folder(folder, "--output")
+    check_writable_folder(folder, flag)
     path = folder / LOCK_FILE
-    fd = _locked(path, folder) if fcntl is not None else None
+    fd = _locked(path, folder, flag) if fcntl is not None else None
     if fd is None:
         yield
         return
@@ -55,7 +55,7 @@ def hold_run_folder(folder: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _locked(path: Path, folder: Path) -> Optional[int]:
+def _locked(path: Path, folder: Path, flag: str) -> Optional[int]:
     """An open descriptor of ``path`` holding its exclusive lock, or None where the file system has no locks."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -66,7 +66,7 @@ def _locked(path: Path, folder: Path) -> Optional[int]:
             os.close(fd)
             who = f"process {holder[0]} ({holder[2].strip()}, started {holder[1]})" if len(holder) == 3 else \
                 "another process"
-            raise ConfigError(f"{folder} is in use by {who}; wait for it to end or choose another --output") from None
+            raise ConfigError(f"{folder} is in use by {who}; wait for it to end or choose another {flag}") from None
         except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network file systems
             os.close(fd)
             warnings.warn(f"{folder} cannot be locked ({exc.strerror}); nothing keeps a second run out of it")
@@ -86,14 +86,17 @@ def check_writable_folder(folder: Path, flag: str) -> None:
                           f"make its target folder, or pass another path")
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{flag} {folder} is a file, not a folder; pass a folder path")
+    for parent in folder.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{flag} {folder}: {parent} is a file, not a folder; give a folder path")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a folder you can write to"
-                          ) from exc
+    except OSError as exc:  # a full disk is the machine's (ResourceError), a folder of someone else's the user's
+        raise resource_error(exc) or ConfigError(f"cannot write to {flag} {folder} ({exc.strerror or exc}); pass a "
+                                                 f"folder you can write to") from exc
 
 
 def check_writable_file(path: Path, flag: str) -> None:

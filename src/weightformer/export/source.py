@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ..engine.metrics import read_metrics
 from ..engine.weights import LoadedModel
 
 __all__ = ["run_summary", "trained_size"]
@@ -26,7 +26,7 @@ def run_summary(loaded: LoadedModel) -> dict[str, Any]:
     epoch = ckpt.get("epoch")
     log = Path(loaded.source).parent / "metrics.jsonl" if ckpt else None
     if log is not None and log.is_file():
-        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        records = read_metrics(log)
         scored = [r for r in records if "val_top1" in r]
         if scored:
             best = max(scored, key=lambda r: r["val_top1"])

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ..data.errors import DataError
 from ..engine.errors import ConfigError
+from ..engine.metrics import json_text
 from ..engine.outputs import write_atomic
 from ..progress import progress as progress_lines
 
@@ -53,6 +54,15 @@ def _fit_channels(x: Tensor, channels: int) -> Tensor:  # grey images repeated t
     raise DataError(f"the images have {x.shape[1]} channels and the VAE takes {channels}; use data the VAE fits")
 
 
+def _cached_key(sidecar: Path) -> str | None:
+    """The key a cache's sidecar records; None where there is none to read (a save killed between its files)."""
+    try:
+        record = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("key") if isinstance(record, dict) else None
+
+
 @torch.no_grad()
 def encode_split(vae: nn.Module, images: Dataset, cache_dir: Path | None, key: str, batch_size: int,
                  device: torch.device, seed: int, progress: bool = True) -> TensorDataset:
@@ -60,10 +70,9 @@ def encode_split(vae: nn.Module, images: Dataset, cache_dir: Path | None, key: s
     the data and the geometry), else encoded with one seeded posterior sample per image and saved there."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     cache = cache_dir / f"{digest}.safetensors" if cache_dir is not None else None
-    if cache is not None and cache.is_file():
-        if json.loads(cache.with_suffix(".json").read_text()).get("key") == digest:
-            tensors = load_file(cache)
-            return TensorDataset(tensors["latents"], tensors["labels"])
+    if cache is not None and cache.is_file() and _cached_key(cache.with_suffix(".json")) == digest:
+        tensors = load_file(cache)
+        return TensorDataset(tensors["latents"], tensors["labels"])
     scale = vae_scale_factor(vae)
     generator = torch.Generator(device).manual_seed(seed)
     latents, labels = [], []
@@ -76,7 +85,7 @@ def encode_split(vae: nn.Module, images: Dataset, cache_dir: Path | None, key: s
     tensors = {"latents": torch.cat(latents).contiguous(), "labels": torch.cat(labels).long()}
     if cache is not None:
         write_atomic(cache, save(tensors))
-        cache.with_suffix(".json").write_text(json.dumps({"key": digest}))
+        write_atomic(cache.with_suffix(".json"), json_text({"key": digest}))
     return TensorDataset(tensors["latents"], tensors["labels"])
 
 

@@ -141,6 +141,8 @@ def evaluate_samples(samples: np.ndarray, labels: np.ndarray, data: str, image_s
                      inception: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Scores of ``samples`` against ``data``'s held-out split: the judge's and, with local Inception weights,
     FID / IS / precision / recall; ``notes`` says what was not computed."""
+    if len(samples) < 2:  # a covariance, and so a Fréchet distance, needs two images
+        raise ConfigError(f"{len(samples)} sample(s) to score; a Fréchet distance needs at least 2: sample more")
     reference, ref_labels, num_classes = reference_images(data, image_size, pad)
     if samples.shape[1:] != reference.shape[1:]:
         raise ConfigError(f"the samples are {samples.shape[1:]} and the {data} images {reference.shape[1:]}; "

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ..data.errors import DataError
+from ..engine.errors import resource_error
 
 __all__ = ["SHAPES_CLASSES", "SHAPES_NAME", "draw_sample", "shapes_root", "write_shapes"]
 
@@ -97,9 +98,9 @@ def shapes_root() -> Path:
     try:
         cache.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{VERSION}.", dir=cache))
-    except OSError as exc:
-        raise DataError(f"cannot write the shapes data set into {cache} ({exc.strerror or exc}); set XDG_CACHE_HOME "
-                        f"to a folder you can write to") from None
+    except OSError as exc:  # a full disk is the machine's (ResourceError), a folder of someone else's the user's
+        raise resource_error(exc) or DataError(f"cannot write the shapes data set into {cache} ({exc.strerror or exc}); "
+                                               f"set XDG_CACHE_HOME to a folder you can write to") from None
     try:
         write_shapes(staging)
         os.rename(staging, root)  # atomic; another process that finished first wins and ours is dropped
