@@ -13,6 +13,7 @@ from torch import nn
 from weightformer.analysis import ablate
 from weightformer.analysis.erf import erf_map, erf_stats
 from weightformer.cli import main
+from weightformer.engine.config import load_yaml
 
 
 def _conv_model(kernel: int, stride: int) -> nn.Module:
@@ -294,7 +295,7 @@ def test_a_key_given_twice_in_the_grid_is_one_line(tmp_path, capsys):
     assert main(["ablate", str(grid)]) == 2
     assert "the key 'depth' is given twice, at line 2, columns" in _one_error_line(capsys)
     # merge keys still override as YAML says, and numbers read as in every settings file (1e-3 is a float)
-    assert ablate.load_grid_yaml("x: &b {epochs: 1, lr: 1e-3}\ny: {<<: *b, epochs: 2}\n")["y"] == {"epochs": 2, "lr": 0.001}
+    assert load_yaml("x: &b {epochs: 1, lr: 1e-3}\ny: {<<: *b, epochs: 2}\n")["y"] == {"epochs": 2, "lr": 0.001}
     assert main(["ablate", _grid(tmp_path), "--seeds", "0", "0"]) == 2
     assert "seed(s) 0 twice" in _one_error_line(capsys)
 

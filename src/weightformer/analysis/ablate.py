@@ -24,13 +24,12 @@ from typing import Any
 import yaml
 
 from ..classification.config import ClassificationConfig
-from ..engine.config import DuplicateKeyError, config_fields, yaml_reason
-from ..engine.config import load_yaml as load_grid_yaml
+from ..engine.config import config_fields, load_yaml, yaml_reason
 from ..engine.errors import USER_ERRORS, ConfigError, brief
 from ..engine.metrics import json_text, read_metrics
 from ..engine.outputs import write_atomic
 
-__all__ = ["AblationConfig", "DuplicateKeyError", "RunPlan", "check_variant_model", "load_ablation", "load_grid_yaml",
+__all__ = ["AblationConfig", "RunPlan", "check_variant_model", "load_ablation",
            "main", "measure_cost", "plan_ablation", "plan_run", "resolved_settings", "run_ablation", "setting_changes",
            "summarise"]
 
@@ -75,7 +74,7 @@ def load_ablation(path: str | os.PathLike) -> AblationConfig:
         what = "is a folder" if path.is_dir() else "does not exist"
         raise ConfigError(f"{where} {what}; pass a YAML file such as configs/ablations/dynamic_period.yaml")
     try:
-        raw = load_grid_yaml(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{where} is not a text file (not UTF-8); pass a YAML file") from exc
     except yaml.YAMLError as exc:
