@@ -42,15 +42,13 @@ def hold_run_folder(folder: Path, flag: str = "--output") -> Iterator[None]:
     program = Path(sys.argv[0]).parent.name if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
     command = " ".join([program, *list(takewhile(lambda a: not a.startswith("-"), sys.argv[1:]))[:2]])
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n{time.strftime('%Y-%m-%d %H:%M')}\n{command}\n".encode())
-    except OSError as exc:  # a full disk: reported with the file's name, and no lock file left behind
-        path.unlink(missing_ok=True)
-        os.close(fd)
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    try:
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n{time.strftime('%Y-%m-%d %H:%M')}\n{command}\n".encode())
+        except OSError as exc:  # a full disk: reported with the file's name
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         yield
-    finally:
+    finally:  # the lock file goes with the block, however it ends
         path.unlink(missing_ok=True)
         os.close(fd)
 
