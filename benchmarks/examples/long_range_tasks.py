@@ -65,7 +65,7 @@ def _recipe_kwargs(task: str) -> dict[str, Any]:
 
     owner = get_task(TASKS[task])
     cfg = prepare_config(train_overrides(build_parser(owner).parse_args(["train"]), owner), task=owner).cfg
-    return {"model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), "img_size": cfg.img_size}
+    return {"model": cfg.model, "model_kwargs": dict(cfg.model_kwargs), "img_size": cfg.img_size, "epochs": cfg.epochs}
 
 
 def _kwargs_flags(kwargs: dict[str, Any]) -> list[str]:
@@ -94,11 +94,14 @@ def variant_flags(task: str, variant: str) -> list[str]:
 
 
 def train_command(task: str, variant: str, seed: int, output: Path) -> list[str]:
-    return ["weightformer", task, "train", "--epochs", str(EPOCHS[task]), "--seed", str(seed),
-            "--output", str(output), *variant_flags(task, variant), *SMOKE_FLAGS]
+    budget = [] if FULL_LENGTH else ["--epochs", str(EPOCHS[task])]
+    return ["weightformer", task, "train", *budget, "--seed", str(seed),
+            "--output", str(output), *variant_flags(task, variant), *SMOKE_FLAGS, *EXTRA_FLAGS]
 
 
 SMOKE_FLAGS: list[str] = []  # --smoke: a few steps of each run, to check the commands
+EXTRA_FLAGS: list[str] = []  # --train-flags: added to every training command (a recipe candidate)
+FULL_LENGTH = False  # --full: the recipe's own schedule instead of EPOCHS' half length
 
 
 def sample_commands(run: Path) -> list[list[str]]:
@@ -243,7 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-only", action="store_true", help="no runs: the tables from what is on disk")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true", help="one epoch of 2 steps per run (checks the commands)")
+    parser.add_argument("--full", action="store_true", help="the recipes' own length (the offline jobs as shipped)")
+    parser.add_argument("--train-flags", default="", help="flags added to every training command, e.g. '--lr 0.08'")
     args = parser.parse_args(argv)
+    global FULL_LENGTH
+    EXTRA_FLAGS[:] = shlex.split(args.train_flags)
+    if args.full:
+        FULL_LENGTH = True
+        EPOCHS.update({t: _recipe_kwargs(t)["epochs"] for t in args.tasks})
     if args.smoke:
         EPOCHS.update(dict.fromkeys(EPOCHS, 1))
         SMOKE_FLAGS[:] = ["--max-steps", "2"]
@@ -270,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / f"{task}.json").write_text(json.dumps(record, indent=1) + "\n")
         table = markdown(task, mine, costs)
         (args.out / f"{task}.md").write_text(
-            f"# {task}: the offline job at {EPOCHS[task]} epochs, per variant (mean ± sd over seeds)\n\n{table}\n\n"
+            f"# {task}: the offline job at {EPOCHS[task]} epochs{' (its full length)' if FULL_LENGTH else ''}, per variant (mean ± sd over seeds)\n\n{table}\n\n"
             f"Variants: {LEGEND}\n\n"
             f"Machine: {record['machine']['cpu']}, {record['machine']['cpu_count']} cores, torch "
             f"{record['machine']['torch']}, one thread per run. Command: `{record['command']}`; each run's "
