@@ -22,7 +22,7 @@ a finished ``last.pt`` is not run again. Variants:
   recipe's other model settings.
 
 Scores are the last epoch's (the budget is the same for all): bbox/segm mAP, mIoU; for generation the
-samples of ``weightformer gen sample`` (20 per class, DDIM 50 steps, cfg 4, seed 0) scored by
+samples of ``weightformer gen sample`` (``--samples-per-class``, 20 by default; DDIM 50 steps, cfg 4, seed 0) scored by
 ``weightformer gen eval`` (the judge's class accuracy and judge_fd). Costs, measured here after the runs
 on each variant's first model, one thread: parameters, GMACs per image (the backbone's for
 det and seg, whose heads are the same for all variants; the whole denoiser for gen; attention's matmuls
@@ -101,13 +101,14 @@ def train_command(task: str, variant: str, seed: int, output: Path) -> list[str]
 
 SMOKE_FLAGS: list[str] = []  # --smoke: a few steps of each run, to check the commands
 EXTRA_FLAGS: list[str] = []  # --train-flags: added to every training command (a recipe candidate)
+SAMPLES_PER_CLASS = 20  # --samples-per-class: generation's samples scored per class
 FULL_LENGTH = False  # --full: the recipe's own schedule instead of EPOCHS' half length
 
 
 def sample_commands(run: Path) -> list[list[str]]:
     samples = run / "samples"
     return [["weightformer", "gen", "sample", "--checkpoint", str(run / "last.pt"), "--out", str(samples),
-             "--num-per-class", "20", "--sampler", "ddim", "--steps", "50", "--cfg-scale", "4.0", "--seed", "0",
+             "--num-per-class", str(SAMPLES_PER_CLASS), "--sampler", "ddim", "--steps", "50", "--cfg-scale", "4.0", "--seed", "0",
              "--overwrite"],
             ["weightformer", "gen", "eval", str(samples), "--checkpoint", str(run / "last.pt"),
              "--json", str(run / "eval.json"), "--overwrite"]]
@@ -247,13 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true", help="one epoch of 2 steps per run (checks the commands)")
     parser.add_argument("--full", action="store_true", help="the recipes' own length (the offline jobs as shipped)")
+    parser.add_argument("--epochs", type=int, help="this many epochs for every task given (instead of the budget)")
+    parser.add_argument("--samples-per-class", type=int, default=20, help="generation: samples scored per class")
     parser.add_argument("--train-flags", default="", help="flags added to every training command, e.g. '--lr 0.08'")
     args = parser.parse_args(argv)
-    global FULL_LENGTH
+    global FULL_LENGTH, SAMPLES_PER_CLASS
+    SAMPLES_PER_CLASS = args.samples_per_class
     EXTRA_FLAGS[:] = shlex.split(args.train_flags)
     if args.full:
         FULL_LENGTH = True
         EPOCHS.update({t: _recipe_kwargs(t)["epochs"] for t in args.tasks})
+    elif args.epochs:
+        EPOCHS.update(dict.fromkeys(args.tasks, args.epochs))
     if args.smoke:
         EPOCHS.update(dict.fromkeys(EPOCHS, 1))
         SMOKE_FLAGS[:] = ["--max-steps", "2"]
