@@ -186,7 +186,8 @@ def test_hugging_face_data_set_trains_resumes_and_evaluates(tmp_path: Path):
     assert evaluate_checkpoint(whole.best_checkpoint, workers=0, device="cpu")["num_samples"] == 6
 
 
-def test_hugging_face_columns_and_splits_by_flag_and_parquet_files(tmp_path: Path):
+def test_hugging_face_columns_and_splits_by_flag_and_parquet_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))  # where parquet is converted
     root = save_hf(tmp_path / "hf", val_name="holdout", columns=("picture", "kind"))
     with pytest.raises(DataError, match="has no val split .*--val-split"):
         open_dataset(str(root), columns=("picture", "kind"))
@@ -200,6 +201,7 @@ def test_hugging_face_columns_and_splits_by_flag_and_parquet_files(tmp_path: Pat
         data.to_parquet(str(parquet / f"{'validation' if name == 'holdout' else name}-00000-of-00001.parquet"))
     info, splits = open_dataset(str(parquet), columns=("picture", "kind"))
     assert info.num_classes == 3 and len(splits["train"]) == 18 and len(splits["val"]) == 6
+    assert (tmp_path / "cache" / "parquet").is_dir()
 
 
 def test_bad_shards_are_one_warning_line_with_counts(tmp_path: Path):

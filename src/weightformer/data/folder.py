@@ -126,7 +126,8 @@ def scan_split(split_dir: Path, verify: bool = True,
         if root.name in SPLITS and (root.parent / split_dir.name).is_dir():
             fix = f"--data {root} is the {root.name}/ split itself: pass its parent {root.parent}"
         else:
-            fix = "--data needs an ImageFolder tree with train/ and val/ holding one subfolder per class"
+            fix = ("--data needs an ImageFolder tree with train/ and val/ holding one subfolder per class, tar shards "
+                   "in train/ and val/, or a Hugging Face data set")
         kind = "a file, not a folder" if split_dir.exists() else "not a folder"
         raise DataError(f"{split_dir} is {kind}; {fix}")
     entries = _entries(split_dir, split_dir)

@@ -13,6 +13,7 @@ so neither gives these counts; webdataset's key rule (:func:`base_plus_ext`) and
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import random
@@ -37,6 +38,7 @@ __all__ = ["SHUFFLE_WINDOW", "ShardIndex", "ShardStream", "count_samples", "is_s
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a sample's image member, first found wins
 SHUFFLE_WINDOW = 8192  # samples of a rank's part shuffled together (about what timm's buffer holds)
 BLOCK = tarfile.BLOCKSIZE
+OPEN_SHARDS = 16  # shard files a loader worker keeps open
 
 
 def is_shard_split(root: Path, split: str) -> bool:
@@ -65,9 +67,9 @@ def shard_files(root: Path, split: str) -> list[str]:
 class ShardScan:
     """One shard's usable samples (offsets of their images, labels) and what was left out."""
 
-    offsets: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    labels: list[int] = field(default_factory=list)
+    offsets: Any = field(default_factory=list)  # lists while scanning, then (n,) int64 arrays
+    sizes: Any = field(default_factory=list)
+    labels: Any = field(default_factory=list)
     unlabelled: int = 0  # samples without a .cls member, or with one that is not a whole number
     imageless: int = 0
     unreadable: int = 0  # images PIL cannot open (only with verify)
@@ -84,12 +86,18 @@ def _read_label(data: bytes) -> Optional[int]:
 
 
 def scan_shard(path: str, verify: bool) -> ShardScan:
-    """Read ``path``'s tar headers and labels; with ``verify``, open each image with PIL as the folder scan does."""
+    """Read ``path``'s tar headers and labels; with ``verify``, open each image with PIL as the folder scan does.
+    Kept per (file, size, modification time): the recipe choice and the data set share one scan."""
+    stat = os.stat(path)
+    return _scan_shard(path, stat.st_size, stat.st_mtime_ns, verify)
+
+
+@functools.lru_cache(maxsize=None)
+def _scan_shard(path: str, size: int, mtime_ns: int, verify: bool) -> ShardScan:
     from PIL import Image
     from webdataset.tariterators import base_plus_ext
 
     scan = ShardScan()
-    size = os.path.getsize(path)
     samples: dict[str, dict[str, tuple[int, int]]] = {}  # key -> {extension: (data offset, size)}
     end = 0
     try:
@@ -134,6 +142,7 @@ def scan_shard(path: str, verify: bool) -> ShardScan:
             scan.offsets.append(image[0])
             scan.sizes.append(image[1])
             scan.labels.append(label)
+    scan.offsets, scan.sizes, scan.labels = (np.array(v, np.int64) for v in (scan.offsets, scan.sizes, scan.labels))
     return scan
 
 
@@ -156,6 +165,8 @@ class ShardIndex:
         """Sample ``index``'s encoded image, read through the open ``files`` (shard number -> file)."""
         shard = int(self.shard[index])
         if shard not in files:
+            if len(files) == OPEN_SHARDS:  # a reader moves on through the shards: close the one opened first
+                files.pop(next(iter(files))).close()
             files[shard] = open(self.files[shard], "rb")
         f = files[shard]
         f.seek(int(self.offset[index]))
@@ -171,10 +182,9 @@ def scan_shards(files: list[str], verify: bool, desc: str, progress: bool = Fals
         for scan in pool.map(lambda path: scan_shard(path, verify), files):
             scans.append(scan)
             bar.update(1)
-    column = lambda name, dtype: np.array([v for s in scans for v in getattr(s, name)], dtype=dtype)  # noqa: E731
-    shard = np.concatenate([np.full(len(s.labels), i, np.int32) for i, s in enumerate(scans)] or [np.zeros(0, np.int32)])
-    return ShardIndex(tuple(files), shard, column("offsets", np.int64), column("sizes", np.int64),
-                      column("labels", np.int64), tuple(scans))
+    shard = np.concatenate([np.full(len(s.labels), i, np.int32) for i, s in enumerate(scans)])
+    column = lambda name: np.concatenate([getattr(s, name) for s in scans])  # noqa: E731
+    return ShardIndex(tuple(files), shard, column("offsets"), column("sizes"), column("labels"), tuple(scans))
 
 
 def rank_part(n: int, rank: int, world_size: int, equal: bool) -> tuple[int, int]:
