@@ -104,16 +104,16 @@ def open_dataset(data: str, splits: tuple[str, ...] = ("train", "val"), verify: 
     return info, opened
 
 
-def train_split_images(data: str, split: str = "train",
-                       image_column: str = "image") -> Optional[tuple[str, int, list[tuple[int, int]]]]:
+def train_split_images(data: str, split: str = "train", image_column: str = "image",
+                       verify: bool = True) -> Optional[tuple[str, int, list[tuple[int, int]]]]:
     """For tar shards or a Hugging Face data set in folder ``data``: what holds the training images (for a run's
     first line), how many it holds, and the (width, height) of its first readable ones, up to 32: what a recipe
-    is chosen by. None for other data."""
+    is chosen by. None for other data. ``verify`` as the run will open the data (shards: one scan serves both)."""
     root = Path(data).expanduser()
     if root.is_dir() and is_shard_split(root, split):
         from . import shards
 
-        samples, files = shards.count_samples(root, split)
+        samples, files = shards.count_samples(root, split, verify)
         return f"{root / split} ({files} shards)", samples, shards.sample_sizes(root, split, 32)
     if root.is_dir() and _is_hf_data(root):
         from . import hf

@@ -353,8 +353,9 @@ def sample_sizes(root: Path, split: str, limit: int) -> list[tuple[int, int]]:
     return sizes
 
 
-def count_samples(root: Path, split: str) -> tuple[int, int]:
-    """(samples, shards) of ``split``, from the tar headers and labels alone."""
+def count_samples(root: Path, split: str, verify: bool = False) -> tuple[int, int]:
+    """(usable samples, shards) of ``split``: from the tar headers and labels, with ``verify`` its images too."""
     files = shard_files(root, split)
-    return len(scan_shards(files, verify=False, desc="counting shard samples")), len(files)
+    shown = os.environ.get("RANK", "0") == "0"  # the recipe is chosen in every process: one shows progress
+    return len(scan_shards(files, verify, desc=f"reading {split} shards", progress=shown)), len(files)
 
