@@ -199,7 +199,8 @@ def test_hugging_face_columns_and_splits_by_flag_and_parquet_files(tmp_path: Pat
     parquet.mkdir()
     for name, data in datasets.load_from_disk(str(root)).items():
         data.to_parquet(str(parquet / f"{'validation' if name == 'holdout' else name}-00000-of-00001.parquet"))
-    info, splits = open_dataset(str(parquet), columns=("picture", "kind"))
+    monkeypatch.chdir(tmp_path)  # --data parquet, a relative folder, not datasets' builder of that name
+    info, splits = open_dataset("parquet", columns=("picture", "kind"))
     assert info.num_classes == 3 and len(splits["train"]) == 18 and len(splits["val"]) == 6
     assert (tmp_path / "cache" / "parquet").is_dir()
 

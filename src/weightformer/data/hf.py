@@ -40,7 +40,7 @@ def _load(root: Path) -> Any:
         raise DataError(f"{root} holds one saved split, not a DatasetDict; save a DatasetDict with train and "
                         f"validation splits (DatasetDict({{'train': ..., 'validation': ...}}).save_to_disk)")
     try:
-        return datasets.load_dataset(str(root))
+        return datasets.load_dataset(str(root.resolve()))  # a relative "parquet" or "arrow" names a builder
     except (ValueError, FileNotFoundError, datasets.exceptions.DatasetGenerationError) as exc:
         raise DataError(f"cannot open the parquet/arrow files in {root} ({str(exc).splitlines()[0]}); name them "
                         f"by split (train-*.parquet, validation-*.parquet, or train/ and validation/ folders)") from None
