@@ -26,6 +26,7 @@ from weightformer.classification.predict import predict
 from weightformer.classification.recipes import choose_recipe
 from weightformer.data import DataError, SkippedImagesWarning, open_dataset
 from weightformer.data.sampler import split_loader, split_sampler
+from weightformer.data.shards import tar_members
 from weightformer.engine import train
 from weightformer.engine.weights import load_model
 
@@ -233,3 +234,27 @@ def test_bad_shards_are_one_warning_line_with_counts(tmp_path: Path):
     (root / "val" / "junk.tar").write_bytes(b"not a tar file" * 100)
     with pytest.raises(DataError, match="cannot read shard .*junk.tar as a tar file"):
         open_dataset(str(root))
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path: Path, fmt: int):
+    """Long names (GNU records, ustar's prefix, pax paths), non-ASCII names and empty members."""
+    names = ["a/" * 60 + "x.cls", "short.png", "d/" * 40 + "y.jpg", "ünï.cls", "empty.json"]
+    if fmt == tarfile.USTAR_FORMAT:
+        names = [n for n in names if n.isascii()]
+    path = tmp_path / "any.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for i, name in enumerate(names):
+            body = b"7" * (0 if name == "empty.json" else 100 * i + 1)
+            member = tarfile.TarInfo(name)
+            member.size = len(body)
+            tar.addfile(member, io.BytesIO(body))
+    with tarfile.open(path) as tar:
+        expected = [(m.name, m.offset_data, m.size) for m in tar if m.isfile()]
+    with open(path, "rb") as f:
+        members = tar_members(f, path.stat().st_size)
+        found = []
+        with pytest.raises(StopIteration) as end:
+            while True:
+                found.append(next(members))
+    assert found == expected and end.value.value is False
