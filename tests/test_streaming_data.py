@@ -258,3 +258,20 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path: Path, fmt: int):
             while True:
                 found.append(next(members))
     assert found == expected and end.value.value is False
+
+
+def test_hugging_face_rows_without_label_or_readable_image_are_one_warning_line(tmp_path: Path):
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    rows = [{"bytes": encoded(i, i % 2), "path": None} for i in range(6)]
+    rows[4] = {"bytes": encoded(4, 0)[:30], "path": None}  # cut short
+    data = datasets.Dataset.from_dict({"image": rows, "label": [0, 1, None, 1, 0, -1]}, features=features)
+    datasets.DatasetDict({"train": data, "val": data}).save_to_disk(str(tmp_path / "hf"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        info, splits = open_dataset(str(tmp_path / "hf"))
+    lines = [str(w.message) for w in caught if issubclass(w.category, SkippedImagesWarning)]
+    assert len(lines) == 1 and lines[0].startswith("left 6 row(s) of ") and "train:2 (no label)" in lines[0]
+    assert len(splits["train"]) == 3 and info.classes == ("0", "1")
+    _, splits = open_dataset(str(tmp_path / "hf"), verify=False, warn=False)
+    with pytest.raises(DataError, match="cannot read the image of row 4 of the train split"):
+        [splits["train"][i] for i in range(len(splits["train"]))]
