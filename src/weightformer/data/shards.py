@@ -5,21 +5,22 @@ Start-up reads each shard's tar headers and ``.cls`` labels (and, with ``verify`
 folder reader does): that index fixes an epoch's samples. An epoch shuffles the shard order (seed, epoch), deals
 the sequence to ranks in contiguous parts, shuffles each part within windows of :data:`SHUFFLE_WINDOW` samples,
 and cuts it into batches; loader worker ``w`` serves batches ``w``, ``w + W``, ... which is the order the
-DataLoader collects them in. Every sample is served once per epoch (training leaves out the remainder that does
-not fill ``world_size`` equal whole-batch parts); a resumed epoch skips exactly the batches trained. timm's
-``ReaderWds`` and webdataset's pipeline split whole shards over workers and pad epochs by repeating samples,
-so neither gives these counts; webdataset's key rule (:func:`base_plus_ext`) and brace expansion are used.
+DataLoader collects them in. Every sample is served at most once per epoch (training leaves out the remainder
+that does not fill ``world_size`` equal whole-batch parts; validation serves all); a resumed epoch skips exactly
+the batches trained. timm's ``ReaderWds`` (a webdataset pipeline) deals whole shards to workers and sets an
+epoch's length with ``with_epoch``, which can repeat some samples and miss others, as its comments say; here
+webdataset gives the key rule (:func:`base_plus_ext`) and brace expansion, and :func:`tar_members` reads the
+headers (Python's tarfile takes about 7x as long a header).
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import random
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Generator, Iterator, Optional
 
@@ -141,17 +142,14 @@ def _read_label(data: bytes) -> Optional[int]:
 
 
 def scan_shard(path: str, verify: bool) -> ShardScan:
-    """Read ``path``'s tar headers and labels; with ``verify``, open each image with PIL as the folder scan does.
-    Kept per (file, size, modification time): the recipe choice and the data set share one scan."""
+    """Read ``path``'s tar headers and labels; with ``verify``, open each image with PIL as the folder scan does."""
     try:
-        stat = os.stat(path)
-        return _scan_shard(path, stat.st_size, stat.st_mtime_ns, verify)
+        return _scan_shard(path, os.path.getsize(path), verify)
     except OSError as exc:
         raise DataError(f"cannot read shard {path} ({exc.strerror or exc}); make it readable or remove it") from None
 
 
-@functools.lru_cache(maxsize=None)
-def _scan_shard(path: str, size: int, mtime_ns: int, verify: bool) -> ShardScan:
+def _scan_shard(path: str, size: int, verify: bool) -> ShardScan:
     from PIL import Image
     from webdataset.tariterators import base_plus_ext
 
@@ -226,7 +224,22 @@ class ShardIndex:
 
 
 def scan_shards(files: list[str], verify: bool, desc: str, progress: bool = False) -> ShardIndex:
-    """Scan ``files`` in threads (I/O bound) into a :class:`ShardIndex`."""
+    """Scan ``files`` in threads (I/O bound) into a :class:`ShardIndex`, kept while the files' sizes and
+    modification times stay: the recipe choice and the data set share one scan."""
+    try:
+        key = (tuple((path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files), verify)
+    except OSError as exc:
+        raise DataError(f"cannot read shard {exc.filename} ({exc.strerror}); make it readable or remove it") from None
+    if key not in _INDEXES:
+        _INDEXES.clear()  # one split's index at a time: an index of millions of samples is large
+        _INDEXES[key] = _scan_shards(files, verify, desc, progress)
+    return _INDEXES[key]
+
+
+_INDEXES: dict[Any, ShardIndex] = {}
+
+
+def _scan_shards(files: list[str], verify: bool, desc: str, progress: bool) -> ShardIndex:
     with ThreadPoolExecutor(max_workers=min(16, 2 * (os.cpu_count() or 1))) as pool, progress_lines(
         total=len(files), desc=desc, unit="shard", enabled=progress, delay=1.0
     ) as bar:
@@ -236,7 +249,8 @@ def scan_shards(files: list[str], verify: bool, desc: str, progress: bool = Fals
             bar.update(1)
     shard = np.concatenate([np.full(len(s.labels), i, np.int32) for i, s in enumerate(scans)])
     column = lambda name: np.concatenate([getattr(s, name) for s in scans])  # noqa: E731
-    return ShardIndex(tuple(files), shard, column("offsets"), column("sizes"), column("labels"), tuple(scans))
+    left_out = tuple(replace(s, offsets=(), sizes=(), labels=()) for s in scans)  # the counts, not the samples
+    return ShardIndex(tuple(files), shard, column("offsets"), column("sizes"), column("labels"), left_out)
 
 
 def rank_part(n: int, rank: int, world_size: int, equal: bool) -> tuple[int, int]:
