@@ -104,7 +104,7 @@ def open_hf(root: Path, splits: dict[str, str], image_column: str = "image", lab
         if isinstance(feature, datasets.ClassLabel) and label_names is None:
             label_names = tuple(feature.names)
         data = data.cast_column(image_column, datasets.Image(decode=False))
-        labels = np.array([-1 if v is None else v for v in data.data.column(label_column).to_pylist()], np.int64)
+        labels = np.array([-1 if v is None else v for v in data[label_column]], np.int64)
         keep = labels >= 0
         why = {int(row): "no label" for row in np.flatnonzero(~keep)}
         if verify:
