@@ -25,10 +25,24 @@ OTHER_NAMES = {"val": "validation", "validation": "val"}  # the two names a vali
 
 
 def is_hf_data(root: Path) -> bool:
-    """Whether ``root`` holds a saved ``DatasetDict`` or parquet/arrow files."""
+    """Whether ``root`` holds a saved ``DatasetDict``, or parquet/arrow files in it or its subfolders (``data/``,
+    ``train/``, ...; not deeper, so that an ImageFolder tree is not walked)."""
     if (root / "dataset_dict.json").is_file():
         return True
-    return root.is_dir() and any(name.endswith(DATA_FILES) for _, _, names in os.walk(root) for name in names)
+    if not root.is_dir():
+        return False
+    return any(name.endswith(DATA_FILES) for folder in [root, *_listing(root, folders=True)]
+               for name in _listing(folder))
+
+
+def _listing(folder: str | Path, folders: bool = False) -> list[str]:
+    """The names in ``folder`` (its subfolders' paths with ``folders``); none if it cannot be listed (the
+    folder reader then says why)."""
+    try:
+        with os.scandir(folder) as entries:
+            return [entry.path if folders else entry.name for entry in entries if entry.is_dir() or not folders]
+    except OSError:
+        return []
 
 
 def _load(root: Path) -> Any:

@@ -45,8 +45,10 @@ def is_shard_split(root: Path, split: str) -> bool:
     """Whether ``split`` names tar shards: a brace pattern or ``.tar`` path, or a folder of ``root`` holding them."""
     if "{" in split or split.endswith(".tar"):
         return True
-    folder = root / split
-    return folder.is_dir() and any(name.endswith(".tar") for name in os.listdir(folder))
+    try:
+        return any(name.endswith(".tar") for name in os.listdir(root / split))
+    except OSError:  # not a folder, or one that cannot be listed: the folder reader says which
+        return False
 
 
 def shard_files(root: Path, split: str) -> list[str]:
