@@ -278,7 +278,9 @@ class ShardStream(IterableDataset):
         self.epoch = self.start = 0
 
     def __len__(self) -> int:
-        return len(self.index)
+        """Samples this rank serves in the epoch from its start (all of them before :meth:`distribute`)."""
+        served = self.shard_size // self.batch_size * self.batch_size if self.equal else self.shard_size
+        return served - self.start
 
     def transformed(self, transform: Callable, seed: Optional[int] = None) -> ShardStream:
         """This stream with ``transform``; a ``seed`` also shuffles it each epoch (training)."""
