@@ -98,7 +98,7 @@ def test_stream_order_does_not_depend_on_the_loader_workers(tmp_path: Path):
     stream.loader = digest_loader
     one = served(stream, rank=1, world_size=2, train=True, batch_size=3, workers=0, epoch=2)
     two = served(stream, rank=1, world_size=2, train=True, batch_size=3, workers=2, epoch=2)
-    assert one == two and len(one) == 15  # 30 // 2 ranks, in whole batches of 3
+    assert one == two and len(one) == len(stream) == 15  # 30 // 2 ranks, in whole batches of 3
     assert served(stream, 1, 2, True, 3, workers=2, epoch=2, start=6) == one[6:]  # a resumed epoch: the rest
     assert one != served(stream, 1, 2, True, 3, workers=0, epoch=3)  # each epoch its own order
 
