@@ -29,7 +29,8 @@ def _add_model_source(p: argparse.ArgumentParser) -> None:
 
 def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_source(p)
-    p.add_argument("--data", help="ImageFolder with val/, or mnist (default: the data the checkpoint was trained on)")
+    p.add_argument("--data", help="ImageFolder with val/, tar shards in val/, a Hugging Face data set, or mnist "
+                                  "(default: the data the checkpoint was trained on, with its val split)")
     p.add_argument("--img-size", type=int,
                    help="evaluation resolution (default: the checkpoint's, else the model's pretrained config)")
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")

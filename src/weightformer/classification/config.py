@@ -17,8 +17,16 @@ __all__ = ["ClassificationConfig"]
 class ClassificationConfig(LongRangeConfig):
     """A classification run: any timm model on an ImageFolder tree or a built-in data set."""
 
-    data: str = setting("mnist", help="an ImageFolder tree with train/ and val/ (class folders in each), or a "
-                                      "built-in data set: mnist, glyph_match, glyph_count, path_link")
+    data: str = setting("mnist", help="an ImageFolder tree with train/ and val/ (class folders in each), webdataset "
+                                      "tar shards in train/ and val/, a Hugging Face data set (save_to_disk, or "
+                                      "parquet/arrow files), or a built-in data set: mnist, glyph_match, glyph_count, "
+                                      "path_link")
+    train_split: str = setting("train", help="the training split: a folder of --data, a brace pattern of its tar "
+                                             "shards such as 'train/shard-{000000..000099}.tar', or a Hugging Face "
+                                             "split")
+    val_split: str = setting("val", help="the validation split, as --train-split (Hugging Face: val or validation)")
+    image_column: str = setting("image", help="a Hugging Face data set's image column")
+    label_column: str = setting("label", help="a Hugging Face data set's label column (class indices)")
     model: str = setting("weightformer_tiny", help="any timm model name")
     smoothing: float = 0.0  # label smoothing
     mixup: float = 0.0  # Beta alpha; 0 turns mixup off
@@ -41,6 +49,10 @@ class ClassificationConfig(LongRangeConfig):
         ("crop_pct", lambda v: 0 < v <= 1, "in (0, 1], such as 0.875"),
         ("crop_mode", lambda v: v in (None, "center", "squash", "border"), "center, squash, border, or null (the model's)"),
     )
+
+    def split_names(self) -> dict[str, str]:
+        """The data's splits by role: the folders, shard patterns or Hugging Face splits."""
+        return {"train": self.train_split, "val": self.val_split}
 
     def check(self) -> None:
         from timm.data.transforms import _str_to_torch_interpolation  # timm: here, the command line reads this class

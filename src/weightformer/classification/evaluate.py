@@ -13,8 +13,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError
-from ..data import DataError, DataInfo, ResumableSampler, SeededTransformDataset, open_dataset
-from ..data.transforms import eval_data_config
+from ..data import DataError, DataInfo, open_dataset
+from ..data.sampler import split_loader, split_sampler
+from ..data.transforms import eval_data_config, seeded_transform
 from ..engine.device import autocast
 from ..engine.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown_distributed
 from ..engine.errors import ConfigError
@@ -128,17 +129,19 @@ def evaluate_checkpoint(checkpoint: Optional[str] = None, model: Optional[str] =
         data = data or meta.get("data")
         if data is None:
             raise DataError("no data to evaluate on; pass --data PATH (an ImageFolder with val/) or mnist")
-        info, splits = open_dataset(data, splits=("val",), warn=dist_info.is_main, in_chans=meta.get("in_chans", 3))
+        info, splits = open_dataset(data, splits=("val",), warn=dist_info.is_main, in_chans=meta.get("in_chans", 3),
+                                    split_names={"val": meta.get("val_split", "val")},
+                                    columns=tuple(meta.get("columns", ("image", "label"))))
         check_data_fits(meta, info, loaded.source)
         data_config = eval_transform_config(net, meta, img_size)
         net.to(dist_info.device)
         check_input_size(net, {"model": meta["model"], "in_chans": info.in_chans,
                                "img_size": data_config["input_size"][-1]}, dist_info.device)
         transform = create_transform(**data_config, is_training=False)
-        val_set = SeededTransformDataset(splits["val"], transform)
-        sampler = ResumableSampler(len(val_set), dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
-        loader = DataLoader(val_set, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                            pin_memory=dist_info.device.type == "cuda")
+        val_set = seeded_transform(splits["val"], transform)
+        sampler = split_sampler(val_set, dist_info.rank, dist_info.world_size, train=False)
+        loader = split_loader(val_set, sampler, batch_size, num_workers=workers,
+                              pin_memory=dist_info.device.type == "cuda")
         result: dict[str, Any] = evaluate(net, loader, dist_info.device, amp, dist_info, show_progress=True)
         result.update(model=meta["model"], data=info.name, checkpoint=checkpoint, ema=use_ema,
                       img_size=data_config["input_size"][-1], crop_pct=data_config["crop_pct"],

@@ -78,12 +78,13 @@ class ClassificationTask(Task):
         from timm.data import Mixup
         from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
-        from ..data import ArrayImageDataset, DataError, SeededTransformDataset, open_dataset, precompute
-        from ..data.transforms import build_transforms, eval_data_config
+        from ..data import ArrayImageDataset, DataError, open_dataset, precompute
+        from ..data.transforms import build_transforms, eval_data_config, seeded_transform
         from .model import pretrained_cfg
 
         cfg = self.cfg
-        info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main)
+        info, splits = open_dataset(cfg.data, verify=cfg.verify_images, warn=dist_info.is_main,
+                                    split_names=cfg.split_names(), columns=(cfg.image_column, cfg.label_column))
         if info.num_classes < 2:
             raise DataError(f"{info.name} has one class ({info.classes[0]}), and a classifier needs at least two; "
                             f"add a subfolder per class to train/ and val/")
@@ -94,8 +95,8 @@ class ClassificationTask(Task):
             self.img_size, info.mean, info.std, train_scale=cfg.train_scale, hflip=cfg.hflip, no_aug=cfg.no_aug,
             color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment, reprob=cfg.reprob,
             interpolation=cfg.interpolation, crop_pct=cfg.crop_pct, crop_mode=eval_config["crop_mode"])
-        train_set: Dataset = SeededTransformDataset(splits["train"], train_tf, seed=cfg.seed)
-        val_set: Dataset = SeededTransformDataset(splits["val"], val_tf)
+        train_set: Dataset = seeded_transform(splits["train"], train_tf, seed=cfg.seed)
+        val_set: Dataset = seeded_transform(splits["val"], val_tf)
         if isinstance(splits["train"], ArrayImageDataset):  # small and in memory: transform once, not every epoch
             val_set = precompute(val_set)
             train_set = precompute(train_set) if cfg.no_aug else train_set
@@ -109,7 +110,8 @@ class ClassificationTask(Task):
                        f"{info.num_classes} classes")
         meta = {"num_classes": info.num_classes, "in_chans": info.in_chans, "data": info.name,
                 "classes": list(info.classes), "mean": list(info.mean), "std": list(info.std),
-                "crop_mode": eval_config["crop_mode"]}
+                "crop_mode": eval_config["crop_mode"], "val_split": cfg.val_split,
+                "columns": [cfg.image_column, cfg.label_column]}
         return TaskData(train_set, val_set, description, meta=meta)
 
     def model_kwargs(self) -> dict[str, Any]:

@@ -11,9 +11,10 @@ import os
 import struct
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 import numpy as np
 from PIL import Image
@@ -64,9 +65,10 @@ def _is_readable_image(path: str) -> bool:
         return False
 
 
-def rgb_loader(path: str) -> Image.Image:
-    """Read an image file as 8-bit RGB; 16-bit grayscale is scaled to 8 bits (x / 257), not clipped."""
-    with open(path, "rb") as f:
+def rgb_loader(path: str | BinaryIO) -> Image.Image:
+    """Read an image file (a path, or an open binary file) as 8-bit RGB; 16-bit grayscale is scaled to 8 bits
+    (x / 257), not clipped."""
+    with open(path, "rb") if isinstance(path, str) else nullcontext(path) as f:
         img = Image.open(f)
         if img.mode in SIXTEEN_BIT_MODES:
             pixels = np.clip(np.asarray(img), 0, 65535).astype(np.uint32)
@@ -74,7 +76,7 @@ def rgb_loader(path: str) -> Image.Image:
         return img.convert("RGB")
 
 
-def gray_loader(path: str) -> Image.Image:
+def gray_loader(path: str | BinaryIO) -> Image.Image:
     """An image file as 8-bit grayscale: PIL's "L" (ITU-R 601-2 luma) of :func:`rgb_loader`'s RGB, as ``predict``
     reads images for a 1-channel model."""
     return rgb_loader(path).convert("L")
@@ -124,7 +126,8 @@ def scan_split(split_dir: Path, verify: bool = True,
         if root.name in SPLITS and (root.parent / split_dir.name).is_dir():
             fix = f"--data {root} is the {root.name}/ split itself: pass its parent {root.parent}"
         else:
-            fix = "--data needs an ImageFolder tree with train/ and val/ holding one subfolder per class"
+            fix = ("--data needs an ImageFolder tree with train/ and val/ holding one subfolder per class, tar shards "
+                   "in train/ and val/, or a Hugging Face data set")
         kind = "a file, not a folder" if split_dir.exists() else "not a folder"
         raise DataError(f"{split_dir} is {kind}; {fix}")
     entries = _entries(split_dir, split_dir)

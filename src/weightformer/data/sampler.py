@@ -1,14 +1,15 @@
-"""A distributed sampler that can resume part-way through an epoch."""
+"""A distributed sampler that can resume part-way through an epoch, and the loaders of a split over the ranks
+(a map-style split through the sampler; a stream, :class:`~.shards.ShardStream`, splits itself)."""
 
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-__all__ = ["ResumableSampler"]
+__all__ = ["ResumableSampler", "split_loader", "split_sampler"]
 
 
 class ResumableSampler(Sampler[int]):
@@ -54,3 +55,23 @@ class ResumableSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.shard_size - self.start
+
+
+def split_sampler(dataset: Dataset, rank: int, world_size: int, train: bool, seed: int = 0) -> Any:
+    """What places ``rank`` in ``dataset``'s epochs, with ``shard_size`` and ``set_epoch(epoch, start)``: a
+    :class:`ResumableSampler` (``train``: shuffled and padded), or a stream itself (``train``: equal parts)."""
+    if isinstance(dataset, IterableDataset):
+        dataset.distribute(rank, world_size, equal=train)
+        return dataset
+    return ResumableSampler(len(dataset), world_size, rank, shuffle=train, seed=seed, pad=train)
+
+
+def split_loader(dataset: Dataset, sampler: Any, batch_size: int, drop_last: bool = False, **loader_args: Any) -> DataLoader:
+    """A DataLoader of ``dataset`` through :func:`split_sampler`'s ``sampler``, with a private generator: making
+    its iterators draws nothing from the global RNG (exact resume)."""
+    if sampler is dataset:  # a stream cuts its own batches, worker w serving every W-th
+        dataset.batch_size = batch_size
+        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, generator=torch.Generator(),
+                          **loader_args)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                      generator=torch.Generator(), **loader_args)

@@ -13,7 +13,7 @@ from PIL import Image, ImageOps
 from timm.data import create_transform, resolve_data_config
 from torch.utils.data import Dataset, TensorDataset
 
-__all__ = ["SeededTransformDataset", "build_transforms", "eval_data_config", "precompute", "sample_seed", "seeded_rng"]
+__all__ = ["SeededTransformDataset", "build_transforms", "seeded_transform", "eval_data_config", "precompute", "sample_seed", "seeded_rng"]
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -55,6 +55,14 @@ class SeededTransformDataset(Dataset):
             return self.transform(img), target
         with seeded_rng(sample_seed(self.seed, self.epoch, index)):
             return self.transform(img), target
+
+
+def seeded_transform(split: Dataset, transform: Callable, seed: Optional[int] = None) -> Dataset:
+    """``split`` with ``transform``, its randomness fixed by (seed, epoch, sample): a stream transforms (and with a
+    seed, shuffles) itself; a map-style split is wrapped in a :class:`SeededTransformDataset`."""
+    if hasattr(split, "transformed"):
+        return split.transformed(transform, seed)
+    return SeededTransformDataset(split, transform, seed=seed)
 
 
 def precompute(dataset: Dataset) -> TensorDataset:

@@ -29,7 +29,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError, save_atomic
-from ..data import ResumableSampler
+from ..data import ResumableSampler, ShardStream
+from ..data.sampler import split_loader, split_sampler
 from .config import (NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config,
                      scaled_learning_rates, validate_config)
 from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed,
@@ -72,7 +73,7 @@ class TrainData:
     """The task's splits, their loaders and the batch geometry of a run."""
 
     task_data: TaskData
-    train_sampler: ResumableSampler
+    train_sampler: ResumableSampler | ShardStream  # a stream places itself in its epochs
     train_loader: DataLoader
     val_loader: DataLoader
     batch_size: int  # per process: the configured one, capped at the samples one process sees
@@ -392,20 +393,16 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 def build_data(cfg: TrainConfig, task: Task, dist_info: DistInfo) -> TrainData:
     """The task's splits, each process's shard and the loaders; the batch capped at one process's samples."""
     task_data = task.build_data(dist_info)
-    n_train, n_val = len(task_data.train_set), len(task_data.val_set)  # type: ignore[arg-type]
-    train_sampler = ResumableSampler(n_train, dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.seed)
-    val_sampler = ResumableSampler(n_val, dist_info.world_size, dist_info.rank, shuffle=False, pad=False)
+    train_sampler = split_sampler(task_data.train_set, dist_info.rank, dist_info.world_size, train=True, seed=cfg.seed)
+    val_sampler = split_sampler(task_data.val_set, dist_info.rank, dist_info.world_size, train=False)
     batch_size = min(cfg.batch_size, train_sampler.shard_size)
     if batch_size < cfg.batch_size and dist_info.is_main:
         warnings.warn(f"batch size {cfg.batch_size} is larger than the {train_sampler.shard_size} training samples "
                       f"each process sees; using batch {batch_size} (the learning rate is scaled to it)")
     loader_args = dict(num_workers=min(cfg.workers, os.cpu_count() or 1), pin_memory=dist_info.device.type == "cuda",
                        collate_fn=task_data.collate_fn)
-    # Private generators: building loader iterators must not draw from the global RNG (exact resume).
-    train_loader = DataLoader(task_data.train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
-                              generator=torch.Generator(), **loader_args)
-    val_loader = DataLoader(task_data.val_set, batch_size=batch_size, sampler=val_sampler, generator=torch.Generator(),
-                            **loader_args)
+    train_loader = split_loader(task_data.train_set, train_sampler, batch_size, drop_last=True, **loader_args)
+    val_loader = split_loader(task_data.val_set, val_sampler, batch_size, **loader_args)
     return TrainData(task_data, train_sampler, train_loader, val_loader, batch_size,
                      steps_per_epoch=train_sampler.shard_size // batch_size)
 
@@ -508,7 +505,7 @@ def train_one_epoch(cfg: TrainConfig, task: Task, data: TrainData, training: Tra
     signal that stopped the run early, or None. TrainingDivergedError when any rank's loss is not finite."""
     device = dist_info.device
     data.train_sampler.set_epoch(state.epoch, start=state.step_in_epoch * data.batch_size)
-    if hasattr(data.task_data.train_set, "set_epoch"):
+    if hasattr(data.task_data.train_set, "set_epoch") and data.task_data.train_set is not data.train_sampler:
         data.task_data.train_set.set_epoch(state.epoch)
     training.train_model.train()
     progress.start_epoch(state.epoch, cfg.epochs, data.steps_per_epoch, state.step_in_epoch)
