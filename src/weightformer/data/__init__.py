@@ -17,6 +17,7 @@ _EXPORTS = {
     "BUILTIN_DATASETS": "builtin", "ArrayImageDataset": "arrays", "BuiltinNameWarning": "builtin",
     "BuiltinSpec": "builtin", "load_builtin": "builtin",
     "ImageFolderDataset": "folder", "SkippedImagesWarning": "folder", "load_image_folder": "folder",
+    "pack_dataset": "pack", "verify_shards": "pack",
     "ResumableSampler": "sampler",
     "SeededTransformDataset": "transforms", "build_transforms": "transforms", "precompute": "transforms",
     "seeded_rng": "transforms",
@@ -39,8 +40,10 @@ __all__ = [
     "load_builtin",
     "load_image_folder",
     "open_dataset",
+    "pack_dataset",
     "precompute",
     "seeded_rng",
+    "verify_shards",
 ]
 
 
