@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import webdataset as wds
 from PIL import Image
+from timm.data import create_dataset
 
 from weightformer.cli import main
+from weightformer.data import load_builtin
 from weightformer.data import pack as pack_module
 from weightformer.data.folder import SkippedImagesWarning
 from weightformer.data.pack import INFO_FILE, PLAN_FILE, pack_dataset, verify_shards
@@ -76,8 +78,13 @@ def test_pack_of_a_bundled_set_through_the_command_line(tmp_path: Path, capsys):
     assert info["source"] == PROBE and info["in_chans"] == 1 and info["splits"]["train"]["shard_lengths"] == [5, 5, 2]
     sample = next(iter(wds.WebDataset(str(out / "train" / "train-000000.tar"), shardshuffle=False)))
     assert Image.open(io.BytesIO(sample["png"])).size == (32, 32) and int(sample["cls"]) < info["num_classes"]
+    streamed = create_dataset("wds/probe", root=str(out), split="val", is_training=False, batch_size=1)
+    assert len(streamed) == 5 and sorted(int(label) for _, label in streamed) == sorted(
+        int(label) for _, label in load_builtin(PROBE)[1]["val"])  # timm's reader takes _info.json as it is
     assert main(["data", "verify", str(out)]) == 0
     assert "train: 12 samples in 3 shard(s)" in capsys.readouterr().out
+    assert main(["data", "pack", PROBE, str(tmp_path / "other"), "--splits", "test"]) == 2
+    assert "has no split test (it has: train, val); pass --splits" in capsys.readouterr().err
 
 
 def test_an_interrupted_pack_resumes_with_the_shards_it_finished(tmp_path: Path, monkeypatch):
@@ -86,12 +93,12 @@ def test_an_interrupted_pack_resumes_with_the_shards_it_finished(tmp_path: Path,
     written = []
     real = pack_module._write_shard
 
-    def stopped_at_the_third(stream, samples):
+    def stopped_at_the_third(stream, split, indices):
         if len(written) == 2:
             stream.write(b"half a shard")
             raise KeyboardInterrupt
-        written.append(len(samples))
-        real(stream, samples)
+        written.append(len(indices))
+        real(stream, split, indices)
 
     monkeypatch.setattr(pack_module, "_write_shard", stopped_at_the_third)
     out = tmp_path / "out"
@@ -117,7 +124,7 @@ def test_a_source_changed_since_the_interruption_is_refused(tmp_path: Path, monk
     src = make_image_folder(tmp_path / "src", train_per_class=2, val_per_class=1, size=8)
     out = tmp_path / "out"
 
-    def interrupted(stream, samples):
+    def interrupted(stream, split, indices):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pack_module, "_write_shard", interrupted)

@@ -44,13 +44,6 @@ IMAGE_EXTENSIONS = ("jpg", "png")
 SHOWN = 3  # names in a problem's line
 
 
-@dataclass(frozen=True)
-class _Sample:
-    key: str
-    label: int
-    encode: Callable[[], tuple[str, bytes]]  # -> (extension, bytes)
-
-
 def _png(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
@@ -71,31 +64,39 @@ def _file_bytes(path: str) -> tuple[str, bytes]:
                         "scanned, so it changed since: replace or remove it and pack again") from None
 
 
-def _samples(split: str, dataset: object) -> tuple[list[_Sample], list[str]]:
-    """The samples of an ImageFolder split or a bundled set's arrays, and what identifies the source's content."""
-    if hasattr(dataset, "samples"):  # ImageFolderDataset: (path, class index)
-        samples = [_Sample(f"{split}_{i:08d}", label, lambda path=path: _file_bytes(path))
-                   for i, (path, label) in enumerate(dataset.samples)]
-        return samples, [f"{path}\t{label}" for path, label in dataset.samples]
-    images, labels = dataset.images, dataset.labels  # ArrayImageDataset: (N, H, W) uint8
-    samples = [_Sample(f"{split}_{i:08d}", int(labels[i]), lambda i=i: ("png", _png(Image.fromarray(images[i], "L"))))
-               for i in range(len(images))]
-    return samples, [hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest()]
+@dataclass(frozen=True)
+class _Split:
+    """One split of the source: its samples' labels, and each sample's image as (extension, bytes) by index."""
+
+    name: str
+    labels: list[int]
+    encode: Callable[[int], tuple[str, bytes]]
+
+    def key(self, index: int) -> str:
+        return f"{self.name}_{index:08d}"  # the index in the source's sorted listing
 
 
-def _write_shard(stream: io.BufferedIOBase, samples: Sequence[_Sample]) -> None:
+def _split(name: str, dataset: object, digest: "hashlib._Hash") -> _Split:
+    """An ImageFolder split or a bundled set's arrays as a :class:`_Split`; what identifies the source's content
+    (its paths and labels; the arrays) goes into ``digest``."""
+    if hasattr(dataset, "samples"):  # ImageFolderDataset: [(path, class index)]
+        paths = [path for path, _ in dataset.samples]
+        for path, label in dataset.samples:
+            digest.update(f"{path}\t{label}\n".encode())
+        return _Split(name, [label for _, label in dataset.samples], lambda index: _file_bytes(paths[index]))
+    images, labels = dataset.images, dataset.labels  # ArrayImageDataset: (N, H, W) uint8, (N,)
+    digest.update(images.tobytes() + labels.tobytes())
+    return _Split(name, labels.tolist(), lambda index: ("png", _png(Image.fromarray(images[index], "L"))))
+
+
+def _write_shard(stream: io.BufferedIOBase, split: _Split, indices: Sequence[int]) -> None:
     import webdataset as wds
 
     writer = wds.TarWriter(stream, mtime=0)  # a fixed mtime: the same source gives the same bytes
-    for sample in samples:
-        extension, data = sample.encode()
-        writer.write({"__key__": sample.key, extension: data, "cls": sample.label})
+    for index in indices:
+        extension, data = split.encode(index)
+        writer.write({"__key__": split.key(index), extension: data, "cls": split.labels[index]})
     writer.close()  # the tar's end blocks; the stream, not TarWriter's own, stays open for write_atomic
-
-
-def _unfinished(out: Path) -> bool:
-    """Whether ``out`` holds a pack in progress."""
-    return (out / PLAN_FILE).is_file() and not (out / INFO_FILE).exists()
 
 
 def _check_not_the_source(out: Path, source: str) -> None:
@@ -110,6 +111,28 @@ def _check_not_the_source(out: Path, source: str) -> None:
     check_not_an_input(out, [source], flag="OUT")
     if Path(source).resolve() in out.resolve().parents:
         raise ConfigError(f"OUT {out} is inside the source {source}; pass a folder outside it")
+
+
+def _unfinished(out: Path) -> bool:
+    """Whether ``out`` holds a pack in progress."""
+    return (out / PLAN_FILE).is_file() and not (out / INFO_FILE).exists()
+
+
+def _check_splits(source: str, splits: Sequence[str]) -> None:
+    """Each of ``splits`` is a folder of the ImageFolder tree ``source``, or a split of the bundled set."""
+    from .builtin import BUILTIN_DATASETS
+
+    if source in BUILTIN_DATASETS:
+        have = ["train", "val"]
+    elif Path(source).expanduser().is_dir():
+        have = sorted(p.name for p in Path(source).expanduser().iterdir() if p.is_dir() and not p.name.startswith("."))
+    else:
+        raise DataError(f"SRC {source} is neither a folder nor a bundled data set; pass an ImageFolder tree "
+                        f"(<split>/<class>/*) or a bundled set such as mnist")
+    missing = [split for split in splits if split not in have]
+    if missing:
+        raise DataError(f"{source} has no split {missing[0]} (it has: {', '.join(have) or 'none'}); pass --splits "
+                        "with the splits to pack")
 
 
 def _refuse_taken(out: Path, overwrite: bool) -> None:
@@ -134,7 +157,11 @@ def _resumes(out: Path, plan: dict, overwrite: bool) -> bool:
     if overwrite:
         move_aside(out)
         return False
-    if json.loads((out / PLAN_FILE).read_text()) != plan:
+    try:
+        found = json.loads((out / PLAN_FILE).read_text())
+    except (OSError, ValueError):  # unreadable: not this pack's
+        found = None
+    if found != plan:
         raise ConfigError(f"OUT {out} holds an unfinished pack of another source or other settings (or the source "
                           f"changed since: files added or removed); run it with the same ones to finish it, or pass "
                           f"--overwrite to move it aside and start anew")
@@ -152,12 +179,13 @@ def pack_dataset(source: str, out: str | os.PathLike, shard_size: int = 1000, sp
         raise DataError(f"--shard-size must be at least 1 sample, got {shard_size}")
     out = Path(out).expanduser()
     _check_not_the_source(out, source)
+    _check_splits(source, splits)
     _refuse_taken(out, overwrite)
     info, datasets = open_dataset(source, splits=tuple(splits), verify=True, warn=verbose)
-    listed = {split: _samples(split, datasets[split]) for split in splits}
-    identity = hashlib.sha256("\n".join(line for split in splits for line in listed[split][1]).encode()).hexdigest()
+    digest = hashlib.sha256()
+    listed = {split: _split(split, datasets[split], digest) for split in splits}
     plan = {"format": FORMAT, "source": info.name, "splits": list(splits), "shard_size": shard_size, "seed": seed,
-            "content": identity}
+            "content": digest.hexdigest()}
     resuming = _resumes(out, plan, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     if not resuming:
@@ -166,9 +194,9 @@ def pack_dataset(source: str, out: str | os.PathLike, shard_size: int = 1000, sp
               "in_chans": info.in_chans, "mean": list(info.mean), "std": list(info.std), "shard_size": shard_size,
               "seed": seed, "skipped": list(info.skipped), "splits": {}}
     for split in splits:
-        samples = listed[split][0]
-        order = np.random.default_rng(seed).permutation(len(samples))
-        shards = [[samples[i] for i in order[start:start + shard_size]] for start in range(0, len(samples), shard_size)]
+        labels = listed[split].labels
+        order = np.random.default_rng(seed).permutation(len(labels)).tolist()
+        shards = [order[start:start + shard_size] for start in range(0, len(labels), shard_size)]
         names = [f"{split}-{index:06d}.tar" for index in range(len(shards))]
         folder = out / split
         folder.mkdir(exist_ok=True)
@@ -178,13 +206,13 @@ def pack_dataset(source: str, out: str | os.PathLike, shard_size: int = 1000, sp
         if resuming and verbose:
             print(f"resuming the pack in {out}: {sum(done)} of {len(names)} {split}/ shards already written",
                   file=sys.stderr)
-        with progress(total=len(samples), desc=f"packing {split}/", unit="img", enabled=verbose) as bar:
+        with progress(total=len(labels), desc=f"packing {split}/", unit="img", enabled=verbose) as bar:
             for name, shard, written in zip(names, shards, done):
                 if not written:
-                    write_atomic(folder / name, lambda stream, shard=shard: _write_shard(stream, shard))
+                    write_atomic(folder / name, lambda stream, shard=shard: _write_shard(stream, listed[split], shard))
                 bar.update(len(shard))
-        counts = np.bincount([s.label for s in samples], minlength=info.num_classes)
-        result["splits"][split] = {"name": split, "num_samples": len(samples),
+        counts = np.bincount(labels, minlength=info.num_classes)
+        result["splits"][split] = {"name": split, "num_samples": len(labels),
                                    "filenames": [f"{split}/{name}" for name in names],
                                    "shard_lengths": [len(shard) for shard in shards],
                                    "class_counts": counts.tolist()}
@@ -281,7 +309,7 @@ def verify_shards(out: str | os.PathLike, decode: bool = True, workers: Optional
     for split, expected in info["splits"].items():
         listed = [out / name for name in expected["filenames"]]
         present = [path for path in listed if path.is_file()]
-        unlisted = sorted(p.name for p in (out / split).glob("*.tar") if p not in set(listed))
+        unlisted = sorted(p.name for p in set((out / split).glob("*.tar")) - set(listed))
         paths = [str(p) for p in present]
         with progress(total=len(paths), desc=f"verifying {split}/", unit="shard", enabled=verbose) as bar:
             if workers > 1 and len(paths) > 1:
