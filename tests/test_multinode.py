@@ -32,10 +32,16 @@ def torchrun(nodes: int, procs_per_node: int, data: str, output: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     launchers = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node",
-         str(procs_per_node), "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+         str(procs_per_node), "--node-rank", str(rank),  # read by the static rendezvous only; c10d numbers the nodes
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
          "--rdzv-id", output.name, *TRAIN, "--data", data, "--output", str(output)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for rank in range(nodes)]
-    logs = [launcher.communicate(timeout=300)[0] for launcher in launchers]
+    try:
+        logs = [launcher.communicate(timeout=300)[0] for launcher in launchers]
+    finally:  # one launcher failed to start: the other would wait at the rendezvous
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
     for launcher, log in zip(launchers, logs):
         assert launcher.returncode == 0, log[-3000:]
 
