@@ -186,7 +186,7 @@ def test_verify_reports_truncated_unlabelled_and_missing_shards(tmp_path: Path, 
     (out / "val" / "val-000000.tar").unlink()
     (out / "train" / "extra.tar").write_bytes(b"")
     [train, val] = verify_shards(out, workers=1, verbose=False)
-    assert train.problems == ["1 truncated tar(s) (train-000000.tar)",
+    assert train.problems == ["1 truncated or unreadable tar(s) (train-000000.tar)",
                               "1 shard(s) with another sample count than the info's (train-000001.tar)",
                               "1 sample(s) without a class label in 0..1", "1 undecodable image(s) (a)",
                               f"1 .tar file(s) not in {INFO_FILE} (extra.tar)",

@@ -332,7 +332,7 @@ def verify_shards(out: str | os.PathLike, decode: bool = True, workers: Optional
         problems = [text for count, text in [
             (len(listed) - len(present), f"{len(listed) - len(present)} shard(s) missing "
                                          f"({_shown([p.name for p in listed if p not in present])})"),
-            (len(truncated), f"{len(truncated)} truncated tar(s) ({_shown(truncated)})"),
+            (len(truncated), f"{len(truncated)} truncated or unreadable tar(s) ({_shown(truncated)})"),
             (len(short), f"{len(short)} shard(s) with another sample count than the info's ({_shown(short)})"),
             (sum(c.unlabelled for c in checks), f"{sum(c.unlabelled for c in checks)} sample(s) without a class "
                                                 f"label in 0..{num_classes - 1}"),
