@@ -66,9 +66,11 @@ def _help_and_mistakes() -> list[list[str]]:
         runs += [[cli, "--help"], [cli, "train", "--help"]]
         runs += [[cli, command.name, "--help"] for command in get_task(name).cli.commands]
     runs += [["bench", "--help"], ["export", "--help"], ["ablate", "--help"], ["analyze", "--help"],
-             ["analyze", "erf", "--help"], ["analyze", "updates", "--help"], ["analyze", "interaction", "--help"]]
+             ["analyze", "erf", "--help"], ["analyze", "updates", "--help"], ["analyze", "interaction", "--help"],
+             ["data", "--help"], ["data", "pack", "--help"], ["data", "verify", "--help"]]
     mistakes = [["train", "--no-such-flag"], ["det", "train", "--epochs", "many"], ["trian"], ["gen", "smaple"],
-                ["seg", "eval"], ["export", "--no-such-flag"], ["bench", "--no-such-flag"], ["analyze", "erf", "--bad"]]
+                ["seg", "eval"], ["export", "--no-such-flag"], ["bench", "--no-such-flag"], ["analyze", "erf", "--bad"],
+                ["data", "pack", "mnist"], ["data", "verify", "--bad"]]
     return runs + mistakes
 
 

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("weightformer.export.cli", "export a classifier to the Hub layout, ONNX or torch.export"),
     "analyze": ("weightformer.analysis.cli", "analysis tools: effective receptive fields"),
     "ablate": ("weightformer.analysis.ablate", "train a grid of variants over seeds and tabulate them"),
+    "data": ("weightformer.data.cli", "data sets as webdataset tar shards: pack, verify"),
 }
 TASK_HELP = {
     "cls": "image classification: train, eval, predict",

@@ -20,6 +20,7 @@ _EXPORTS = {
     "BuiltinSpec": "builtin", "load_builtin": "builtin",
     "ImageFolderDataset": "folder", "SkippedImagesWarning": "folder", "load_image_folder": "folder",
     "ResumableSampler": "sampler", "ShardStream": "shards", "HFImageDataset": "hf",
+    "pack_dataset": "pack", "verify_shards": "pack",
     "SeededTransformDataset": "transforms", "build_transforms": "transforms", "precompute": "transforms",
     "seeded_rng": "transforms",
 }
@@ -43,9 +44,11 @@ __all__ = [
     "load_builtin",
     "load_image_folder",
     "open_dataset",
+    "pack_dataset",
     "precompute",
     "seeded_rng",
     "train_split_images",
+    "verify_shards",
 ]
 
 
