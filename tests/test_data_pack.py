@@ -70,6 +70,11 @@ def test_pack_keeps_jpeg_and_png_bytes_and_verify_counts_them(tmp_path: Path):
     assert [(r.name, r.samples, r.class_counts, r.shards, r.problems) for r in reports] == [
         ("train", 10, [5, 5], 3, []), ("val", 4, [2, 2], 1, [])]
 
+    from weightformer.data.shards import open_shards  # training reads the pack's class names and counts
+
+    classes, streams = open_shards(tmp_path / "out", {"train": "train", "val": "val"}, warn=False)
+    assert classes == ("cat", "dog") and len(streams["train"].index) == 10 and len(streams["val"].index) == 4
+
 
 def test_pack_of_a_bundled_set_through_the_command_line(tmp_path: Path, capsys):
     out = tmp_path / "out"

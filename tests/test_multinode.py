@@ -46,12 +46,17 @@ def torchrun(nodes: int, procs_per_node: int, data: str, output: Path) -> None:
         assert launcher.returncode == 0, log[-3000:]
 
 
-# The --data values the test runs; a source in another layout (tar shards) is one more entry.
-DATA = [pytest.param("mnist", id="bundled")]
+# The --data values the test runs: the bundled set (a folder-like source) and tar shards of a probe, streamed.
+DATA = [pytest.param("mnist", id="bundled"), pytest.param("shards", id="tar-shards")]
 
 
 @pytest.mark.parametrize("data", DATA)
 def test_two_nodes_end_with_the_weights_of_one_node_with_two_processes(tmp_path: Path, data: str):
+    if data == "shards":
+        from weightformer.data.pack import pack_dataset
+
+        pack_dataset("glyph_match:size=32,train=64,val=16", tmp_path / "shards", shard_size=20, verbose=False)
+        data = str(tmp_path / "shards")
     torchrun(nodes=2, procs_per_node=1, data=data, output=tmp_path / "two-nodes")
     torchrun(nodes=1, procs_per_node=2, data=data, output=tmp_path / "one-node")
     for run in ("two-nodes", "one-node"):

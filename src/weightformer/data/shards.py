@@ -371,8 +371,8 @@ def _left_out(scans: list[tuple[str, ShardScan]]) -> tuple[int, str]:
 
 def open_shards(root: Path, splits: dict[str, str], verify: bool = True, warn: bool = True,
                 in_chans: int = 3) -> tuple[tuple[str, ...], dict[str, ShardStream]]:
-    """The class names and ``{role: stream}`` of the shard splits named ``splits`` (role -> split); names come
-    from ``root/classes.txt`` (line ``i`` names class ``i``), else are the class indices."""
+    """The class names (:func:`shard_class_names`) and ``{role: stream}`` of the shard splits named ``splits``
+    (role -> split)."""
     from .folder import gray_loader
 
     loader = gray_loader if in_chans == 1 else rgb_loader
@@ -392,15 +392,32 @@ def open_shards(root: Path, splits: dict[str, str], verify: bool = True, warn: b
         warnings.warn(f"left {count} sample(s) of the shards in {root} out: {detail}; repack the shards to use them",
                       SkippedImagesWarning, stacklevel=3)
     num_classes = max(int(index.label.max()) for index in indices.values()) + 1
-    names_file = root / "classes.txt"
-    if names_file.is_file():
-        classes = tuple(line.strip() for line in names_file.read_text().splitlines() if line.strip())
-        if len(classes) < num_classes:
-            raise DataError(f"{names_file} names {len(classes)} classes and the shards use class index "
-                            f"{num_classes - 1}; give one name a line for each class index")
-    else:
-        classes = tuple(str(i) for i in range(num_classes))
+    classes = shard_class_names(root, num_classes)
     return classes, {role: ShardStream(index, loader=loader) for role, index in indices.items()}
+
+
+def shard_class_names(root: Path, num_classes: int) -> tuple[str, ...]:
+    """The names of the ``num_classes`` classes the shards use: ``root/_info.json``'s ``classes`` (what
+    ``weightformer data pack`` writes, in timm's info file), else ``root/classes.txt`` (line ``i`` names class
+    ``i``), else the class indices."""
+    import json
+
+    info, names_file = root / "_info.json", root / "classes.txt"
+    if info.is_file():
+        try:
+            classes = tuple(str(name) for name in json.loads(info.read_text())["classes"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{info} names no classes ({type(exc).__name__}: {exc}); write it with `weightformer "
+                            f"data pack` or remove it") from None
+    elif names_file.is_file():
+        classes = tuple(line.strip() for line in names_file.read_text().splitlines() if line.strip())
+    else:
+        return tuple(str(i) for i in range(num_classes))
+    if len(classes) < num_classes:
+        source = info if info.is_file() else names_file
+        raise DataError(f"{source} names {len(classes)} classes and the shards use class index {num_classes - 1}; "
+                        f"give every class index a name")
+    return classes
 
 
 def sample_sizes(root: Path, split: str, limit: int) -> list[tuple[int, int]]:
