@@ -196,6 +196,8 @@ def test_hugging_face_columns_and_splits_by_flag_and_parquet_files(tmp_path: Pat
         open_dataset(str(root), split_names={"val": "holdout"})
     info, splits = open_dataset(str(root), split_names={"val": "holdout"}, columns=("picture", "kind"))
     assert len(splits["val"]) == 6 and splits["val"][0][1] == 1
+    choice = choose_recipe(str(root), {"image_column": "picture", "label_column": "kind"})  # the run's first line
+    assert choice.reason.startswith(f"the train split of {root} holds 18 images")
     parquet = tmp_path / "parquet"
     parquet.mkdir()
     for name, data in datasets.load_from_disk(str(root)).items():
@@ -275,3 +277,35 @@ def test_hugging_face_rows_without_label_or_readable_image_are_one_warning_line(
     _, splits = open_dataset(str(tmp_path / "hf"), verify=False, warn=False)
     with pytest.raises(DataError, match="cannot read the image of row 4 of the train split"):
         [splits["train"][i] for i in range(len(splits["train"]))]
+
+
+def test_odd_shards_and_labels_are_one_line(tmp_path: Path):
+    """Labels that are no class index (negative, beyond int64, not text, absurdly large) are left out; a split
+    folder that is missing, or mixes shards with class folders, and a classes.txt not in UTF-8 are one error."""
+    root = make_shard_tree(tmp_path / "shards", [6], [3])
+    with wds.TarWriter(str(root / "train" / "odd.tar")) as sink:
+        for key, text in (("neg", b"-3"), ("wide", b"9" * 30), ("binary", b"\xff\xfe"), ("huge", b"1000000000")):
+            sink.write({"__key__": key, "png": encoded(1, 0), "cls": text})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        info, splits = open_dataset(str(root))
+    assert info.num_classes == 3 and len(splits["train"]) == 6
+    assert "4 without a label" in str(caught[-1].message)
+    (root / "classes.txt").write_bytes(b"\xffcat\n")
+    with pytest.raises(DataError, match="classes.txt names no classes"):
+        open_dataset(str(root), warn=False)
+    (root / "classes.txt").unlink()
+    with pytest.raises(DataError, match="cannot list split test of"):
+        open_dataset(str(root), split_names={"val": "test"}, warn=False)
+    (root / "train" / "cat").mkdir()
+    with pytest.raises(DataError, match="holds both .tar shards and folders"):
+        open_dataset(str(root), warn=False)
+
+
+@pytest.mark.parametrize("labels", [["a", "b"], [0.5, 1.0]])
+def test_hugging_face_labels_that_are_not_class_indices_are_one_error(tmp_path: Path, labels: list):
+    data = datasets.Dataset.from_dict({"image": [{"bytes": encoded(i, 0), "path": None} for i in range(2)],
+                                       "label": labels}).cast_column("image", datasets.Image())
+    datasets.DatasetDict({"train": data, "val": data}).save_to_disk(str(tmp_path / "hf"))
+    with pytest.raises(DataError, match="label column of the train split .* not class indices; .*--label-column"):
+        open_dataset(str(tmp_path / "hf"))

@@ -37,7 +37,8 @@ def choose_recipe(data: str, settings: Mapping[str, Any]) -> RecipeChoice:
             return RecipeChoice(recipe("probe.yaml").sized(img_size=spec.img_size), f"{data} is a bundled data set")
         return RecipeChoice(recipe(f"{data}.yaml"), f"{data} is a bundled data set")
     split = settings.get("train_split") or "train"
-    found = train_split_images(data, split, settings.get("image_column") or "image",
+    found = train_split_images(data, split, (settings.get("image_column") or "image",
+                                             settings.get("label_column") or "label"),
                                verify=settings.get("verify_images", True))
     if found is None:  # an ImageFolder tree
         train = Path(data).expanduser() / split

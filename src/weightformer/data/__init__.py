@@ -107,11 +107,12 @@ def open_dataset(data: str, splits: tuple[str, ...] = ("train", "val"), verify: 
     return info, opened
 
 
-def train_split_images(data: str, split: str = "train", image_column: str = "image",
+def train_split_images(data: str, split: str = "train", columns: tuple[str, str] = ("image", "label"),
                        verify: bool = True) -> Optional[tuple[str, int, list[tuple[int, int]]]]:
     """For tar shards or a Hugging Face data set in folder ``data``: what holds the training images (for a run's
     first line), how many it holds, and the (width, height) of its first readable ones, up to 32: what a recipe
-    is chosen by. None for other data. ``verify`` as the run will open the data (shards: one scan serves both)."""
+    is chosen by. None for other data. ``columns``: a Hugging Face data set's image and label columns;
+    ``verify`` as the run will open the data (shards: one scan serves both)."""
     root = Path(data).expanduser()
     if root.is_dir() and is_shard_split(root, split):
         from . import shards
@@ -121,8 +122,8 @@ def train_split_images(data: str, split: str = "train", image_column: str = "ima
     if root.is_dir() and _is_hf_data(root):
         from . import hf
 
-        _, _, opened = hf.open_hf(root, {"train": split}, image_column, verify=False, warn=False)
-        return f"the {split} split of {root}", len(opened["train"]), hf.image_sizes(root, split, image_column, 32)
+        _, _, opened = hf.open_hf(root, {"train": split}, *columns, verify=False, warn=False)
+        return f"the {split} split of {root}", len(opened["train"]), hf.image_sizes(root, split, columns[0], 32)
     return None
 
 

@@ -34,6 +34,7 @@ SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
 LUMA = (0.299, 0.587, 0.114)  # PIL's RGB -> "L" weights (ITU-R 601-2 luma)
 SKIPPED_SHOWN = 3  # unreadable paths named in the warning line; all of them are on FolderSpec.skipped
+MAX_CLASSES = 2**20  # a shard's or a data set's label at or above it is taken for a damaged one, left out
 VERIFY_CHUNK = 256  # files per verification task
 PROGRESS_DELAY_S = 1.0  # progress bars appear only for scans that take longer than this
 

@@ -16,7 +16,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .errors import DataError
-from .folder import DECODE_ERRORS, SKIPPED_SHOWN, SkippedImagesWarning, gray_loader, rgb_loader
+from .folder import DECODE_ERRORS, MAX_CLASSES, SKIPPED_SHOWN, SkippedImagesWarning, gray_loader, rgb_loader
 
 __all__ = ["HFImageDataset", "is_hf_data", "open_hf"]
 
@@ -99,7 +99,7 @@ def open_hf(root: Path, splits: dict[str, str], image_column: str = "image", lab
             in_chans: int = 3) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, HFImageDataset]]:
     """Class names, the rows left out ("split:row (why)") and ``{role: data set}`` for the splits named
     ``splits`` (role -> split; ``val`` and ``validation`` stand for each other). Rows without a label (or with a
-    negative one) are left out, and with ``verify`` rows whose image PIL cannot open, in one warning line."""
+    negative or absurdly large one) are left out, and with ``verify`` rows whose image PIL cannot open, in one warning line."""
     import datasets
 
     found = _load(root)
@@ -115,11 +115,15 @@ def open_hf(root: Path, splits: dict[str, str], image_column: str = "image", lab
             raise DataError(f"the {name} split of {root} has no {missing[0]} column (it has "
                             f"{', '.join(data.column_names)}); name its columns with --image-column and --label-column")
         feature = data.features[label_column]
+        if not isinstance(feature, datasets.ClassLabel) and not str(getattr(feature, "dtype", "")).startswith(
+                ("int", "uint")):
+            raise DataError(f"the {label_column} column of the {name} split of {root} holds {feature}, not class "
+                            f"indices; name a column of whole numbers with --label-column")
         if isinstance(feature, datasets.ClassLabel) and label_names is None:
             label_names = tuple(feature.names)
         data = data.cast_column(image_column, datasets.Image(decode=False))
         labels = np.array([-1 if v is None else v for v in data[label_column]], np.int64)
-        keep = labels >= 0
+        keep = (labels >= 0) & (labels < MAX_CLASSES)
         why = {int(row): "no label" for row in np.flatnonzero(~keep)}
         if verify:
             for first in range(0, len(data), 256):

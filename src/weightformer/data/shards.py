@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..progress import progress as progress_lines
 from .errors import DataError
-from .folder import DECODE_ERRORS, SKIPPED_SHOWN, SkippedImagesWarning, rgb_loader
+from .folder import DECODE_ERRORS, MAX_CLASSES, SKIPPED_SHOWN, SkippedImagesWarning, rgb_loader
 from .transforms import sample_seed, seeded_rng
 
 __all__ = ["SHUFFLE_WINDOW", "ShardIndex", "ShardStream", "count_samples", "is_shard_split", "open_shards",
@@ -62,7 +62,16 @@ def shard_files(root: Path, split: str) -> list[str]:
             raise DataError(f"{len(missing)} of the {len(files)} shards of {split!r} do not exist (first: "
                             f"{missing[0]}); fix the pattern (relative to {root}) or add the shards")
         return files
-    return sorted(str(root / split / name) for name in os.listdir(root / split) if name.endswith(".tar"))
+    try:
+        names = os.listdir(root / split)
+    except OSError as exc:
+        raise DataError(f"cannot list split {split} of {root} ({exc.strerror}); put its .tar shards in {root / split} "
+                        f"or name the split with its flag") from None
+    folders = [n for n in names if not n.startswith(".") and not n.endswith(".tar") and (root / split / n).is_dir()]
+    if folders and any(name.endswith(".tar") for name in names):
+        raise DataError(f"{root / split} holds both .tar shards and folders ({', '.join(sorted(folders)[:SKIPPED_SHOWN])}"
+                        f"); keep a split's shards and an ImageFolder's class folders apart")
+    return sorted(str(root / split / name) for name in names if name.endswith(".tar"))
 
 
 @dataclass
@@ -72,7 +81,7 @@ class ShardScan:
     offsets: Any = field(default_factory=list)  # lists while scanning, then (n,) int64 arrays
     sizes: Any = field(default_factory=list)
     labels: Any = field(default_factory=list)
-    unlabelled: int = 0  # samples without a .cls member, or with one that is not a whole number
+    unlabelled: int = 0  # samples without a .cls member, or with one that is not a class index (0..MAX_CLASSES-1)
     imageless: int = 0
     unreadable: int = 0  # images PIL cannot open (only with verify)
     truncated: bool = False  # the file ends inside a member or lacks tar's end blocks
@@ -140,7 +149,7 @@ def _read_label(data: bytes) -> Optional[int]:
         label = int(data.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         return None
-    return label if label >= 0 else None
+    return label if 0 <= label < MAX_CLASSES else None
 
 
 def scan_shard(path: str, verify: bool) -> ShardScan:
@@ -403,18 +412,16 @@ def shard_class_names(root: Path, num_classes: int) -> tuple[str, ...]:
     import json
 
     info, names_file = root / "_info.json", root / "classes.txt"
-    if info.is_file():
-        try:
-            classes = tuple(str(name) for name in json.loads(info.read_text())["classes"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"{info} names no classes ({type(exc).__name__}: {exc}); write it with `weightformer "
-                            f"data pack` or remove it") from None
-    elif names_file.is_file():
-        classes = tuple(line.strip() for line in names_file.read_text().splitlines() if line.strip())
-    else:
+    source = info if info.is_file() else names_file
+    if not source.is_file():
         return tuple(str(i) for i in range(num_classes))
+    try:
+        classes = (tuple(str(name) for name in json.loads(info.read_text())["classes"]) if source == info else
+                   tuple(line.strip() for line in names_file.read_text().splitlines() if line.strip()))
+    except (ValueError, KeyError, TypeError) as exc:  # (a file not in UTF-8 too)
+        raise DataError(f"{source} names no classes ({type(exc).__name__}: {exc}); write it with `weightformer "
+                        f"data pack` (UTF-8, one name a line in classes.txt) or remove it") from None
     if len(classes) < num_classes:
-        source = info if info.is_file() else names_file
         raise DataError(f"{source} names {len(classes)} classes and the shards use class index {num_classes - 1}; "
                         f"give every class index a name")
     return classes
