@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -201,3 +203,27 @@ def test_verify_reports_truncated_unlabelled_and_missing_shards(tmp_path: Path, 
     assert main(["data", "verify", str(out)]) == 1
     assert main(["data", "verify", str(tmp_path / "src")]) == 2
     assert "has no _info.json" in capsys.readouterr().err
+
+
+def test_a_pack_that_cannot_write_and_odd_packs_are_one_line(tmp_path: Path, capsys):
+    src = make_image_folder(tmp_path / "src", train_per_class=2, val_per_class=1, size=8)
+    (tmp_path / "file").write_text("")
+    assert main(["data", "pack", str(src), str(tmp_path / "file" / "out")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    # The file-size limit, as a full disk: one line (exit 1), no shard under its name nor a temporary; then resumed.
+    out = tmp_path / "out"
+    limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000)); "
+               "from weightformer.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", limited, "data", "pack", str(src), str(out)], capture_output=True,
+                         text=True)
+    assert run.returncode == 1 and run.stderr.splitlines()[-1:] == [run.stderr.strip()]
+    assert run.stderr.startswith(f"error: cannot write {out / 'train' / 'train-000000.tar'}: file too large")
+    assert not list((out / "train").iterdir())
+    assert main(["data", "pack", str(src), str(out)]) == 0 and main(["data", "verify", str(out)]) == 0
+    # Shards are no source to pack; a pack of another format is not verified.
+    assert main(["data", "pack", str(out), str(tmp_path / "again")]) == 2
+    assert "not images in class folders" in capsys.readouterr().err
+    info = json.loads((out / INFO_FILE).read_text())
+    (out / INFO_FILE).write_text(json.dumps({**info, "format": "weightformer-pack-2", "splits": []}))
+    assert main(["data", "verify", str(out)]) == 2
+    assert "is a pack of format weightformer-pack-2; this version reads" in capsys.readouterr().err

@@ -84,6 +84,9 @@ def _split(name: str, dataset: object, digest: "hashlib._Hash") -> _Split:
         for path, label in dataset.samples:
             digest.update(f"{path}\t{label}\n".encode())
         return _Split(name, [label for _, label in dataset.samples], lambda index: _file_bytes(paths[index]))
+    if not hasattr(dataset, "images"):
+        raise DataError(f"SRC's {name} split is {type(dataset).__name__}, not images in class folders: data pack "
+                        f"reads an ImageFolder tree (<split>/<class>/*) or a bundled set; --data reads shards as they are")
     images, labels = dataset.images, dataset.labels  # ArrayImageDataset: (N, H, W) uint8, (N,)
     digest.update(images.tobytes() + labels.tobytes())
     return _Split(name, labels.tolist(), lambda index: ("png", _png(Image.fromarray(images[index], "L"))))
@@ -93,9 +96,13 @@ def _write_shard(stream: io.BufferedIOBase, split: _Split, indices: Sequence[int
     import webdataset as wds
 
     writer = wds.TarWriter(stream, mtime=0)  # a fixed mtime: the same source gives the same bytes
-    for index in indices:
-        extension, data = split.encode(index)
-        writer.write({"__key__": split.key(index), extension: data, "cls": split.labels[index]})
+    try:
+        for index in indices:
+            extension, data = split.encode(index)
+            writer.write({"__key__": split.key(index), extension: data, "cls": split.labels[index]})
+    except BaseException:  # (a full disk): tarfile would flush its buffer into the closed file at exit, noisily
+        writer.tarstream.fileobj.closed = True
+        raise
     writer.close()  # the tar's end blocks; the stream, not TarWriter's own, stays open for write_atomic
 
 
@@ -173,6 +180,7 @@ def pack_dataset(source: str, out: str | os.PathLike, shard_size: int = 1000, sp
     """Write ``source`` (an ImageFolder tree or a bundled set's name) as tar shards into ``out`` (see the module
     docstring) and return the info written to ``out/_info.json``. ``verbose``: progress and a resume line on
     stderr, and the folder scanner's warning for unreadable files (left out; listed in the info's ``skipped``)."""
+    from ..engine.run_dir import check_writable_folder
     from . import open_dataset
 
     if shard_size < 1:
@@ -181,13 +189,14 @@ def pack_dataset(source: str, out: str | os.PathLike, shard_size: int = 1000, sp
     _check_not_the_source(out, source)
     _check_splits(source, splits)
     _refuse_taken(out, overwrite)
+    check_writable_folder(out.parent, "the folder of OUT")
     info, datasets = open_dataset(source, splits=tuple(splits), verify=True, warn=verbose)
     digest = hashlib.sha256()
     listed = {split: _split(split, datasets[split], digest) for split in splits}
     plan = {"format": FORMAT, "source": info.name, "splits": list(splits), "shard_size": shard_size, "seed": seed,
             "content": digest.hexdigest()}
     resuming = _resumes(out, plan, overwrite)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)  # (moved aside by --overwrite)
     if not resuming:
         write_atomic(out / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
     result = {"format": FORMAT, "source": info.name, "classes": list(info.classes), "num_classes": info.num_classes,
@@ -229,9 +238,12 @@ def read_info(out: str | os.PathLike) -> dict:
         raise DataError(f"{path.parent} has no {INFO_FILE}{pending}; pass the OUT folder of `weightformer data pack`")
     try:
         info = json.loads(path.read_text())
-        info["splits"], info["classes"]  # noqa: B018 (the keys verify needs)
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         raise DataError(f"{path} is not a pack's info file ({type(exc).__name__}: {exc}); pack the data again") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        found = info.get("format") if isinstance(info, dict) else None
+        raise DataError(f"{path} is {f'a pack of format {found}' if found else 'not the info of a weightformer pack'}"
+                        f"; this version reads {FORMAT}: pack the data again with it")
     return info
 
 
