@@ -305,7 +305,12 @@ def test_odd_shards_and_labels_are_one_line(tmp_path: Path):
 @pytest.mark.parametrize("labels", [["a", "b"], [0.5, 1.0]])
 def test_hugging_face_labels_that_are_not_class_indices_are_one_error(tmp_path: Path, labels: list):
     data = datasets.Dataset.from_dict({"image": [{"bytes": encoded(i, 0), "path": None} for i in range(2)],
-                                       "label": labels}).cast_column("image", datasets.Image())
+                                       "label": labels, "size": [1, 2]}).cast_column("image", datasets.Image())
     datasets.DatasetDict({"train": data, "val": data}).save_to_disk(str(tmp_path / "hf"))
     with pytest.raises(DataError, match="label column of the train split .* not class indices; .*--label-column"):
+        open_dataset(str(tmp_path / "hf"))
+    with pytest.raises(DataError, match="size column of the train split .* not images; .*--image-column"):
+        open_dataset(str(tmp_path / "hf"), columns=("size", "size"))
+    (tmp_path / "hf" / "dataset_dict.json").write_text("{")  # damaged
+    with pytest.raises(DataError, match="cannot open the saved data set in .*save it again"):
         open_dataset(str(tmp_path / "hf"))

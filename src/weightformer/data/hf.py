@@ -49,7 +49,11 @@ def _load(root: Path) -> Any:
     import datasets
 
     if (root / "dataset_dict.json").is_file():
-        return datasets.load_from_disk(str(root))
+        try:
+            return datasets.load_from_disk(str(root))
+        except (OSError, ValueError, KeyError) as exc:  # a file of it missing or damaged
+            raise DataError(f"cannot open the saved data set in {root} ({type(exc).__name__}: {exc}); save it again "
+                            f"with save_to_disk") from None
     if (root / "state.json").is_file():
         raise DataError(f"{root} holds one saved split, not a DatasetDict; save a DatasetDict with train and "
                         f"validation splits (DatasetDict({{'train': ..., 'validation': ...}}).save_to_disk)")
@@ -121,7 +125,11 @@ def open_hf(root: Path, splits: dict[str, str], image_column: str = "image", lab
                             f"indices; name a column of whole numbers with --label-column")
         if isinstance(feature, datasets.ClassLabel) and label_names is None:
             label_names = tuple(feature.names)
-        data = data.cast_column(image_column, datasets.Image(decode=False))
+        try:
+            data = data.cast_column(image_column, datasets.Image(decode=False))
+        except (ValueError, TypeError, NotImplementedError):  # pyarrow's cast errors derive from these
+            raise DataError(f"the {image_column} column of the {name} split of {root} holds {data.features[image_column]}"
+                            f", not images; name the image column with --image-column") from None
         labels = np.array([-1 if v is None else v for v in data[label_column]], np.int64)
         keep = (labels >= 0) & (labels < MAX_CLASSES)
         why = {int(row): "no label" for row in np.flatnonzero(~keep)}
