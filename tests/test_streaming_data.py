@@ -297,6 +297,8 @@ def test_odd_shards_and_labels_are_one_line(tmp_path: Path):
     (root / "classes.txt").unlink()
     with pytest.raises(DataError, match="cannot list split test of"):
         open_dataset(str(root), split_names={"val": "test"}, warn=False)
+    with pytest.raises(DataError, match="cannot expand the shard pattern 'train/shard-{0..1'"):
+        open_dataset(str(root), split_names={"train": "train/shard-{0..1"}, warn=False)
     (root / "train" / "cat").mkdir()
     with pytest.raises(DataError, match="holds both .tar shards and folders"):
         open_dataset(str(root), warn=False)

@@ -56,7 +56,11 @@ def shard_files(root: Path, split: str) -> list[str]:
     from webdataset.shardlists import expand_urls
 
     if "{" in split or split.endswith(".tar"):
-        files = [str(root / name) for name in expand_urls(split)]
+        try:
+            files = [str(root / name) for name in expand_urls(split)]
+        except ValueError as exc:  # braceexpand's unbalanced braces
+            raise DataError(f"cannot expand the shard pattern {split!r} ({exc}); write it as "
+                            f"'train/shard-{{000000..000099}}.tar'") from None
         missing = [name for name in files if not os.path.isfile(name)]
         if missing:
             raise DataError(f"{len(missing)} of the {len(files)} shards of {split!r} do not exist (first: "
