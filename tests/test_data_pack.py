@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -210,6 +211,15 @@ def test_a_pack_that_cannot_write_and_odd_packs_are_one_line(tmp_path: Path, cap
     (tmp_path / "file").write_text("")
     assert main(["data", "pack", str(src), str(tmp_path / "file" / "out")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+    locked = tmp_path / "locked"  # an OUT this user cannot write in: read-only, or immutable for root
+    locked.mkdir(mode=0o555)
+    if os.access(locked, os.W_OK) and subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode:
+        pytest.skip("no way to make a folder this user cannot write in")
+    try:
+        assert main(["data", "pack", str(src), str(locked)]) == 2
+        assert "cannot write to OUT" in capsys.readouterr().err
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
     # The file-size limit, as a full disk: one line (exit 1), no shard under its name nor a temporary; then resumed.
     out = tmp_path / "out"
     limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000)); "

@@ -189,7 +189,10 @@ def pack_dataset(source: str, out: str | os.PathLike, shard_size: int = 1000, sp
     _check_not_the_source(out, source)
     _check_splits(source, splits)
     _refuse_taken(out, overwrite)
-    check_writable_folder(out.parent, "the folder of OUT")
+    if out.is_dir() and not overwrite:  # (empty, or a pack to resume)
+        check_writable_folder(out, "OUT")
+    else:
+        check_writable_folder(out.parent, "the folder of OUT")
     info, datasets = open_dataset(source, splits=tuple(splits), verify=True, warn=verbose)
     digest = hashlib.sha256()
     listed = {split: _split(split, datasets[split], digest) for split in splits}
