@@ -233,6 +233,12 @@ def test_a_pack_that_cannot_write_and_odd_packs_are_one_line(tmp_path: Path, cap
     # Shards are no source to pack; a pack of another format is not verified.
     assert main(["data", "pack", str(out), str(tmp_path / "again")]) == 2
     assert "not images in class folders" in capsys.readouterr().err
+    with open(out / "val" / "val-000000.tar", "wb") as f:  # a label int() refuses, though str.isdigit() takes it
+        writer = wds.TarWriter(f)
+        writer.write({"__key__": "a", "png": (src / "val" / "cat" / "0.png").read_bytes(), "cls": "²".encode()})
+        writer.close()
+    problems = verify_shards(out, verbose=False)[1].problems
+    assert "1 sample(s) without a class label in 0..1" in problems and not any("truncated" in p for p in problems)
     info = json.loads((out / INFO_FILE).read_text())
     (out / INFO_FILE).write_text(json.dumps({**info, "format": "weightformer-pack-2", "splits": []}))
     assert main(["data", "verify", str(out)]) == 2

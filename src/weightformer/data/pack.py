@@ -278,7 +278,7 @@ def check_shard(path: str, num_classes: int, decode: bool = True) -> ShardCheck:
         for sample in _samples_of(path):
             check.samples += 1
             text = sample.get("cls", b"").decode("utf-8", "replace").strip()
-            if text.isdigit() and int(text) < num_classes:
+            if text.isascii() and text.isdigit() and int(text) < num_classes:  # ("²".isdigit(); int() refuses it)
                 check.class_counts[int(text)] += 1
             else:
                 check.unlabelled += 1
