@@ -82,7 +82,10 @@ def test_a_legacy_run_resumes_with_its_own_settings(folder: str, tmp_path: Path,
     # the same model, data and classes: nothing from another recipe. A dense run's meta names its
     # protocol: a legacy run, which names none, resumes as the protocol it was trained with.
     # A detection run's meta names its canvas: a legacy one gets the smallest that holds its images (64²).
-    protocol = {"det": {"protocol": "torchvision", "canvas": 64}, "seg": {"protocol": "simple-pyramid"}}.get(folder, {})
+    # A classification run's meta names its validation split and columns (for shards and Hugging Face sets):
+    # a legacy one, which names none, gets the defaults it was read with.
+    protocol = {"det": {"protocol": "torchvision", "canvas": 64}, "seg": {"protocol": "simple-pyramid"},
+                "cls": {"val_split": "val", "columns": ["image", "label"]}}.get(folder, {})
     if folder == "det":  # a detection run's meta now keeps the detector's kwargs apart from the backbone's
         backbone, detector = split_model_kwargs(saved["meta"]["model_kwargs"])
         protocol = {**protocol, "model_kwargs": backbone, "detector_kwargs": detector}
