@@ -117,8 +117,8 @@ def train_split_images(data: str, split: str = "train", columns: tuple[str, str]
     if root.is_dir() and is_shard_split(root, split):
         from . import shards
 
-        samples, files = shards.count_samples(root, split, verify)
-        return f"{root / split} ({files} shards)", samples, shards.sample_sizes(root, split, 32)
+        samples, files, sizes = shards.split_summary(root, split, verify, 32)
+        return f"{root / split} ({files} shards)", samples, sizes
     if root.is_dir() and _is_hf_data(root):
         from . import hf
 

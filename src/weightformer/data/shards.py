@@ -32,8 +32,8 @@ from .errors import DataError
 from .folder import DECODE_ERRORS, MAX_CLASSES, SKIPPED_SHOWN, SkippedImagesWarning, rgb_loader
 from .transforms import sample_seed, seeded_rng
 
-__all__ = ["SHUFFLE_WINDOW", "ShardIndex", "ShardStream", "count_samples", "is_shard_split", "open_shards",
-           "sample_sizes", "scan_shards", "shard_files"]
+__all__ = ["SHUFFLE_WINDOW", "ShardIndex", "ShardStream", "is_shard_split", "open_shards", "scan_shards",
+           "shard_files", "split_summary"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a sample's image member, first found wins
 SHUFFLE_WINDOW = 8192  # samples of a rank's part shuffled together (about what timm's buffer holds)
@@ -431,29 +431,28 @@ def shard_class_names(root: Path, num_classes: int) -> tuple[str, ...]:
     return classes
 
 
-def sample_sizes(root: Path, split: str, limit: int) -> list[tuple[int, int]]:
-    """(width, height) of the first ``limit`` readable images of ``split``'s shards (for the recipe choice)."""
+def split_summary(root: Path, split: str, verify: bool, limit: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """(usable samples, shards, (width, height) of the first ``limit`` readable images) of ``split``, for the
+    recipe choice: from the same cached scan that the data set then opens (tar headers and labels, with
+    ``verify`` its images too)."""
     from PIL import Image
 
-    sizes: list[tuple[int, int]] = []
-    for path in shard_files(root, split):
-        scan = scan_shard(path, verify=False)
-        with open(path, "rb") as f:
-            for offset, size in zip(scan.offsets, scan.sizes):
-                f.seek(offset)
-                try:
-                    with Image.open(io.BytesIO(f.read(size))) as img:
-                        sizes.append(img.size)
-                except DECODE_ERRORS:
-                    continue
-                if len(sizes) == limit:
-                    return sizes
-    return sizes
-
-
-def count_samples(root: Path, split: str, verify: bool = False) -> tuple[int, int]:
-    """(usable samples, shards) of ``split``: from the tar headers and labels, with ``verify`` its images too."""
     files = shard_files(root, split)
     shown = os.environ.get("RANK", "0") == "0"  # the recipe is chosen in every process: one shows progress
-    return len(scan_shards(files, verify, desc=f"reading {split} shards", progress=shown)), len(files)
+    index = scan_shards(files, verify, desc=f"reading {split} shards", progress=shown)
+    sizes: list[tuple[int, int]] = []
+    opened: dict[int, Any] = {}
+    try:
+        for i in range(len(index)):
+            try:
+                with Image.open(io.BytesIO(index.image_bytes(i, opened))) as img:
+                    sizes.append(img.size)
+            except DECODE_ERRORS:
+                continue
+            if len(sizes) == limit:
+                break
+    finally:
+        for f in opened.values():
+            f.close()
+    return len(index), len(files), sizes
 
