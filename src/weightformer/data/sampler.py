@@ -69,9 +69,8 @@ def split_sampler(dataset: Dataset, rank: int, world_size: int, train: bool, see
 def split_loader(dataset: Dataset, sampler: Any, batch_size: int, drop_last: bool = False, **loader_args: Any) -> DataLoader:
     """A DataLoader of ``dataset`` through :func:`split_sampler`'s ``sampler``, with a private generator: making
     its iterators draws nothing from the global RNG (exact resume)."""
-    if sampler is dataset:  # a stream cuts its own batches, worker w serving every W-th
+    stream = sampler is dataset
+    if stream:  # a stream cuts its own batches, worker w serving every W-th
         dataset.batch_size = batch_size
-        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, generator=torch.Generator(),
-                          **loader_args)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+    return DataLoader(dataset, batch_size=batch_size, sampler=None if stream else sampler, drop_last=drop_last,
                       generator=torch.Generator(), **loader_args)
