@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 import numpy as np
 from PIL import Image
@@ -54,6 +54,12 @@ class FolderSpec:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+
+def shown_names(names: Sequence[str]) -> str:
+    """The first :data:`SKIPPED_SHOWN` of ``names`` for a problem's one line: "a, b, c and 4 more"."""
+    more = len(names) - SKIPPED_SHOWN
+    return ", ".join(names[:SKIPPED_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
 def _is_readable_image(path: str) -> bool:
@@ -217,10 +223,8 @@ def load_image_folder(root: str | os.PathLike, splits: tuple[str, ...] = SPLITS,
     skipped = [path for split in splits for path in scanned[split][2]]
     if skipped and warn:
         counts = ", ".join(f"{len(scanned[split][2])} in {split}/" for split in splits if scanned[split][2])
-        more = len(skipped) - SKIPPED_SHOWN
-        shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (f" and {more} more" if more > 0 else "")
         warnings.warn(f"skipped {len(skipped)} unreadable image file(s) in {root_path} ({counts}), left out of the "
-                      f"data: {shown}; replace them to use them", SkippedImagesWarning, stacklevel=2)
+                      f"data: {shown_names(skipped)}; replace them to use them", SkippedImagesWarning, stacklevel=2)
     spec = FolderSpec(root=str(root_path.resolve()), classes=tuple(scanned[first][0]), skipped=tuple(skipped))
     loader = gray_loader if in_chans == 1 else rgb_loader
     return spec, {split: ImageFolderDataset(scanned[split][1], loader=loader, verified=verify) for split in splits}

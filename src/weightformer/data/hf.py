@@ -16,7 +16,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .errors import DataError
-from .folder import DECODE_ERRORS, MAX_CLASSES, SKIPPED_SHOWN, SkippedImagesWarning, gray_loader, rgb_loader
+from .folder import DECODE_ERRORS, MAX_CLASSES, SkippedImagesWarning, gray_loader, rgb_loader, shown_names
 
 __all__ = ["HFImageDataset", "is_hf_data", "open_hf"]
 
@@ -146,9 +146,7 @@ def open_hf(root: Path, splits: dict[str, str], image_column: str = "image", lab
         opened[role] = HFImageDataset(data, rows, labels[rows], image_column, f"the {name} split of {root}",
                                       loader=gray_loader if in_chans == 1 else rgb_loader)
     if skipped and warn:
-        shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (f" and {len(skipped) - SKIPPED_SHOWN} more"
-                                                      if len(skipped) > SKIPPED_SHOWN else "")
-        warnings.warn(f"left {len(skipped)} row(s) of {root} out: {shown}; fix them to use them", SkippedImagesWarning,
+        warnings.warn(f"left {len(skipped)} row(s) of {root} out: {shown_names(skipped)}; fix them to use them", SkippedImagesWarning,
                       stacklevel=3)
     num_classes = max(int(d.labels.max()) for d in opened.values()) + 1
     classes = label_names if label_names and len(label_names) >= num_classes else tuple(map(str, range(num_classes)))

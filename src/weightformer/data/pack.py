@@ -33,6 +33,7 @@ from PIL import Image
 from ..atomic import write_atomic
 from ..progress import progress
 from .errors import DataError
+from .folder import shown_names
 
 __all__ = ["INFO_FILE", "SplitReport", "pack_dataset", "read_info", "verify_shards"]
 
@@ -41,7 +42,6 @@ PLAN_FILE = ".pack.json"  # a pack in progress
 FORMAT = "weightformer-pack-1"
 KEPT_FORMATS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png"}  # PIL's format -> the extension whose bytes are kept
 IMAGE_EXTENSIONS = ("jpg", "png")
-SHOWN = 3  # names in a problem's line
 
 
 def _png(image: Image.Image) -> bytes:
@@ -307,10 +307,6 @@ class SplitReport:
     problems: list[str]
 
 
-def _shown(names: Sequence[str]) -> str:
-    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-
-
 def verify_shards(out: str | os.PathLike, decode: bool = True, workers: Optional[int] = None,
                   verbose: bool = True) -> list[SplitReport]:
     """Read every shard of the pack in ``out`` back (``workers`` processes; default: one per core, at most 8) and
@@ -346,14 +342,14 @@ def verify_shards(out: str | os.PathLike, decode: bool = True, workers: Optional
         undecodable = [key for c in checks for key in c.undecodable]
         problems = [text for count, text in [
             (len(listed) - len(present), f"{len(listed) - len(present)} shard(s) missing "
-                                         f"({_shown([p.name for p in listed if p not in present])})"),
-            (len(truncated), f"{len(truncated)} truncated or unreadable tar(s) ({_shown(truncated)})"),
-            (len(short), f"{len(short)} shard(s) with another sample count than the info's ({_shown(short)})"),
+                                         f"({shown_names([p.name for p in listed if p not in present])})"),
+            (len(truncated), f"{len(truncated)} truncated or unreadable tar(s) ({shown_names(truncated)})"),
+            (len(short), f"{len(short)} shard(s) with another sample count than the info's ({shown_names(short)})"),
             (sum(c.unlabelled for c in checks), f"{sum(c.unlabelled for c in checks)} sample(s) without a class "
                                                 f"label in 0..{num_classes - 1}"),
             (sum(c.no_image for c in checks), f"{sum(c.no_image for c in checks)} sample(s) without a .jpg or .png"),
-            (len(undecodable), f"{len(undecodable)} undecodable image(s) ({_shown(undecodable)})"),
-            (len(unlisted), f"{len(unlisted)} .tar file(s) not in {INFO_FILE} ({_shown(unlisted)})"),
+            (len(undecodable), f"{len(undecodable)} undecodable image(s) ({shown_names(undecodable)})"),
+            (len(unlisted), f"{len(unlisted)} .tar file(s) not in {INFO_FILE} ({shown_names(unlisted)})"),
             (samples != expected["num_samples"], f"{samples} samples read, the info says {expected['num_samples']}"),
             (class_counts != expected.get("class_counts", class_counts), "samples per class differ from the info's"),
         ] if count]
