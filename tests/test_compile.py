@@ -49,20 +49,28 @@ def test_train_compile_runs_its_first_steps(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="Inductor (torch 2.14.1, CPU) returns NaN for the bilateral predictor's core "
-                                       "once the 2x2-pooled grid is one token (3x2 or 2x3 tokens); aot_eager and eager "
-                                       "are finite, and pool+proj or silu+bmm alone compile right")
 def test_inductor_bilateral_core_at_a_one_token_pooled_grid():
-    """Reproducer: the core compiled with dynamic shapes at 4x4 and 14x10, then called at 3x2 (recompiled there,
-    the pooled grid specialised to one token)."""
+    """Inductor (torch 2.14.1, CPU) turns a bmm with a static inner size of 1 into a broadcast product whose
+    vectorised code read past the one pooled token (NaN at 3x2 and 2x3 tokens, wrong logits): the core's extra
+    zero token under compile keeps it a GEMM. Compiled at 4x4 and 14x10, then called at 3x2 and 2x3."""
     torch.manual_seed(0)
     predictor = DynamicLinear(32, 128).predictor
     torch._dynamo.reset()
     compiled = torch.compile(predictor.core, fullgraph=True, dynamic=True)
     try:
         with torch.no_grad():
-            for h, w in ((4, 4), (14, 10), (3, 2)):
+            for h, w in ((4, 4), (14, 10), (3, 2), (2, 3)):
                 x = torch.randn(2, h, w, 32)
                 torch.testing.assert_close(compiled(x), predictor.core(x), atol=1e-6, rtol=1e-5)
     finally:
         torch._dynamo.reset()
+
+
+def test_an_unknown_compile_backend_is_refused_before_the_data(tmp_path):
+    from conftest_train import tiny_config
+    from weightformer.engine import train
+    from weightformer.engine.errors import ConfigError
+
+    config = tiny_config(tmp_path / "no-data-needed", tmp_path / "run", compile=True, compile_backend="nope")
+    with pytest.raises(ConfigError, match="compile_backend 'nope' is not a torch.compile backend"):
+        train(config, task="classification")

@@ -79,6 +79,7 @@ class TrainConfig:
     # systems
     amp: str = setting("none", help="mixed precision (fp16 needs a GPU)", choices=("none", "bf16", "fp16"))
     compile: bool = setting(False, help="torch.compile the model")
+    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without code generation)
     grad_checkpointing: bool = setting(False, help="recompute activations in backward: much less memory, ~30%% slower")
     device: str = setting("auto", help="auto: cuda if available", choices=("auto", "cuda", "cpu"))
     deterministic: bool = setting(

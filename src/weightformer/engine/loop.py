@@ -305,6 +305,8 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         check_run_folder(output, resuming=ckpt is not None, overwrite=overwrite)  # before the data scan
         _setup_determinism(cfg, dist_info)
         check_batch_fits(cfg.batch_size, cfg.img_size)  # an image side that cannot fit: refused before the data
+        if cfg.compile:
+            check_compile_backend(cfg.compile_backend)
         data = build_data(cfg, task, dist_info)
         training = build_training(cfg, task, data, dist_info)
         state = restore(ckpt, str(resume_from), task, training, data, dist_info) if ckpt is not None else RunState()
@@ -320,10 +322,7 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
         if ckpt is None and cfg.init is not None:
             init_from_weights(task, training, cfg.init, dist_info)
     if cfg.compile:
-        # strict_output_strides: Inductor otherwise sorts the symbolic strides of the views it saves for backward
-        # with sympy, which cannot order sizes such as 96·⌊W/4⌋ against 96 ("cannot determine truth value").
-        training.train_model = torch.compile(training.train_model, dynamic=True,
-                                             options={"strict_output_strides": True})
+        training.train_model = compiled(training.train_model, cfg.compile_backend)
     if dist_info.distributed:
         device_ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
         training.train_model = DistributedDataParallel(training.train_model, device_ids=device_ids)
@@ -352,6 +351,21 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
     finally:
         progress.close()
     return finish(task, training, state, output, stopped_by, dist_info.is_main)
+
+
+def check_compile_backend(backend: str) -> None:
+    if backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise ConfigError(f"compile_backend {backend!r} is not a torch.compile backend; use inductor (the default), "
+                          f"aot_eager or another name in torch._dynamo.list_backends(exclude_tags=())")
+
+
+def compiled(model: nn.Module, backend: str) -> nn.Module:
+    """``torch.compile(model, dynamic=True)`` with ``backend``: one program for every image and batch size."""
+    check_compile_backend(backend)
+    # strict_output_strides: Inductor otherwise sorts the symbolic strides of the views it saves for backward
+    # with sympy, which cannot order sizes such as 96·⌊W/4⌋ against 96 ("cannot determine truth value").
+    options = {"strict_output_strides": True} if backend == "inductor" else None
+    return torch.compile(model, dynamic=True, backend=backend, options=options)
 
 
 def _setup_determinism(cfg: TrainConfig, dist_info: DistInfo) -> None:

@@ -109,6 +109,12 @@ class _LowRankPredictor(nn.Module):
 
     def plain_core(self, p: Tensor, scale: float) -> Tensor:
         """P_inᵀ·P_out·scale (B, C/r, O/r) of P (B, N', C/r + O/r)."""
+        if torch.compiler.is_compiling():
+            # One zero token more (it adds 0 to every entry): Inductor (torch 2.14, CPU) rewrites a bmm whose inner
+            # size is statically 1 (a 2x2-pooled grid of one token: 2-3 tokens a side) as a broadcast product, and
+            # its vectorised code for that product reads past the pooled token (NaN or wrong logits). With N'+1
+            # the inner size is never statically 1 and the bmm stays a GEMM.
+            p = F.pad(p, (0, 0, 0, 1))  # (B, N' + 1, C/r + O/r)
         p_in, p_out = torch.split(p, [self.in_rank, self.out_rank], dim=-1)
         return torch.bmm(p_in.transpose(1, 2), p_out) * scale
 
