@@ -360,8 +360,8 @@ def check_compile_backend(backend: str) -> None:
 
 
 def compiled(model: nn.Module, backend: str) -> nn.Module:
-    """``torch.compile(model, dynamic=True)`` with ``backend``: one program for every image and batch size."""
-    check_compile_backend(backend)
+    """``torch.compile(model, dynamic=True)`` with ``backend`` (checked by :func:`check_compile_backend` before the
+    data scan): one program for every image and batch size."""
     # strict_output_strides: Inductor otherwise sorts the symbolic strides of the views it saves for backward
     # with sympy, which cannot order sizes such as 96·⌊W/4⌋ against 96 ("cannot determine truth value").
     options = {"strict_output_strides": True} if backend == "inductor" else None
