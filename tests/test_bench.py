@@ -14,6 +14,7 @@ from weightformer.bench import Sweep, SweepConfig, attach_ratios, count_flops, g
 from weightformer.bench.cli import add_arguments, config_from_args, parse_batches
 from weightformer.bench.subjects import SUBJECTS, suite
 from weightformer.bench.timing import median, side_by_side
+from weightformer.bench.sweep import csv_text, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,6 +106,35 @@ def test_sweep_writes_well_formed_outputs(tmp_path):
     markdown = md_path.read_text()
     assert "### 32×32 (batch 2)" in markdown and "| WeightFormer-T |" in markdown
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_times_each_model_in_each_runtime_and_precision(monkeypatch):
+    """Variants: names, labels, ratios against the DeiT of the same runtime and precision, the compiled
+    variants' first call apart, and FLOPs shared by all variants of a subject. Compilation is stood in for
+    (Inductor takes minutes on this CPU; tests/test_compile*.py compare it with eager)."""
+    import weightformer.engine.loop as loop
+
+    compiled = []
+    monkeypatch.setattr(loop, "compiled", lambda model, backend: compiled.append(backend) or model)
+    config = SweepConfig(models=["wf-t", "deit-t"], resolutions=[32], measurements=("infer", "flops"),
+                         dtypes=("float32", "bfloat16"), runtimes=("eager", "compile"), repetitions=1,
+                         min_rep_seconds=0.0, threads=1)
+    result = Sweep(config, log=lambda _: None).run()
+    rows = {r["model"]: r for r in result["rows"]}
+    assert list(rows) == ["wf-t", "wf-t+bf16", "wf-t+compile", "wf-t+compile+bf16",
+                          "deit-t", "deit-t+bf16", "deit-t+compile", "deit-t+compile+bf16"]
+    assert compiled == ["inductor"] * 4
+    assert rows["wf-t+compile+bf16"]["label"] == "WeightFormer-T (torch.compile, bf16)"
+    for name, row in rows.items():
+        assert row["status"] == "ok" and row["baseline_model"] == name.replace("wf-t", "deit-t")
+        assert row["ratio_vs_baseline"] == pytest.approx(row["value"] / rows[row["baseline_model"]]["value"])
+        assert (row["first_call_s"] is not None) == (row["runtime"] == "compile") and row["params"] > 0
+    markdown = markdown_table(result)
+    assert "| DeiT-T fused attn (bf16) |" in markdown
+    assert "- WeightFormer-T (torch.compile), infer, 32px:" in markdown
+    table = list(csv.DictReader(csv_text(result).splitlines()[1:]))
+    assert {(r["runtime"], r["dtype"]) for r in table} == {(a, b) for a in ("eager", "compile")
+                                                            for b in ("float32", "bfloat16")}
 
 
 def test_sweep_skips_points_over_the_time_budget():

@@ -71,7 +71,8 @@ def _bench_error(capsys, *argv: str) -> str:
         (["--models", ","], "no models given; choose from wf-t"),
         (["--measure", "speed"], "choose from infer, train, memory, flops"),
         (["--memory-modes", "both"], "choose from infer, train"),
-        (["--dtype", "int8"], "choose from 'float32', 'bfloat16', 'float16'"),
+        (["--dtype", "int8"], "unknown dtypes 'int8'; choose from float32, bfloat16, float16"),
+            (["--runtime", "jit"], "unknown runtimes 'jit'; choose from eager, compile"),
         (["--repetitions", "0"], ">= 1"),
         (["--repetitions", "-1"], ">= 1"),
         (["--repetitions", "2.5"], "expected an integer"),
@@ -95,7 +96,7 @@ def test_cuda_without_a_gpu_is_a_user_error(capsys, no_sweep):
 
 
 @pytest.mark.parametrize("config", [dict(resolutions=[0]), dict(default_batch=0), dict(batch_sizes={224: 0}),
-                                    dict(device="foo"), dict(dtype="int8"), dict(max_call_seconds=-1.0),
+                                    dict(device="foo"), dict(dtypes=("int8",)), dict(runtimes=("jit",)), dict(max_call_seconds=-1.0),
                                     dict(measurements=()), dict(memory_modes=("both",)), dict(threads=0)])
 def test_sweep_config_refuses_bad_settings(config):
     with pytest.raises(ValueError):
@@ -158,12 +159,13 @@ def test_quick_is_a_small_sweep_and_explicit_flags_win():
 
 
 def _fake_result(config):
-    row = {"model": "wf-t", "label": "WeightFormer-T", "baseline_model": "deit-t", "resolution": 32, "batch": 1,
+    row = {"model": "wf-t", "label": "WeightFormer-T", "subject": "wf-t", "runtime": "eager", "dtype": "float32",
+           "baseline_model": "deit-t", "resolution": 32, "batch": 1,
            "measurement": "infer_throughput", "status": "ok", "value": 12.5, "unit": "img/s", "ratio_vs_baseline": None,
            "samples_s": [0.08], "reason": ""}
     machine = {"gpu": None, "cpu": "test cpu", "cpu_affinity": 1, "cpu_count": 1, "torch": "x", "torch_threads": 1,
                "date": "2026-01-01"}
-    return {"machine": machine, "config": {"dtype": "float32", "device": config.device}, "elapsed_s": 1.0, "points_measured": 1,
+    return {"machine": machine, "config": {"dtypes": ["float32"], "device": config.device}, "elapsed_s": 1.0, "points_measured": 1,
             "points_reused": 0, "rows": [row], "flops": []}
 
 

@@ -11,6 +11,7 @@ from .subjects import INFER, TRAIN, suite
 MEASUREMENTS = ("infer", "train", "memory", "flops")
 MODES = (INFER, TRAIN)
 DTYPES = ("float32", "bfloat16", "float16")
+RUNTIMES = ("eager", "compile")  # compile: torch.compile as `train --compile` applies it (engine.loop.compiled)
 PATCH = 16  # every classifier of the sweep cuts images into 16×16 patches
 SWEEP_FILES = ("results.json", "results.csv", "results.md", "scaling.png")
 

@@ -19,7 +19,7 @@ from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.errors import ConfigError
 from ..engine.run_dir import hold_run_folder
 from .journal import JOURNAL_NAME
-from .checks import DTYPES, MEASUREMENTS, MODES, SWEEP_FILES, check_choices, check_models, check_number, check_resolution
+from .checks import DTYPES, MEASUREMENTS, MODES, RUNTIMES, SWEEP_FILES, check_choices, check_models, check_number, check_resolution
 from .subjects import suite
 
 if TYPE_CHECKING:
@@ -167,7 +167,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a timed repetition lasts at least this many seconds (default: %(default)s)")
     add("--max-call-seconds", type=number(0, inclusive=False), default=15.0,
         help="skip points predicted to take longer per call, in seconds (default: %(default)s)")
-    add("--dtype", default="float32", choices=DTYPES, help="autocast dtype (default: %(default)s)")
+    add("--dtype", type=choices(DTYPES, "dtypes"), default=["float32"],
+        help="precisions, comma-separated: float32, or autocast to bfloat16 or float16; each model is timed in "
+             "each (default: float32)")
+    add("--runtime", type=choices(RUNTIMES, "runtimes"), default=["eager"],
+        help="runtimes, comma-separated: eager, compile (torch.compile with Inductor and dynamic shapes, as "
+             "`train --compile`; its first call, compilation included, is reported apart); each model is timed "
+             "in each (default: eager)")
     _common(parser, (*SWEEP_FILES, JOURNAL_NAME), "")
     add("--resume", action="store_true",
         help=f"take the points already in --out/{JOURNAL_NAME} (same settings only) and measure the rest")
@@ -187,7 +193,8 @@ def config_from_args(args: argparse.Namespace) -> "SweepConfig":
         batch_sizes=per_res, default_batch=default, measurements=tuple(pick("measure", MEASUREMENTS)),
         train_resolutions=args.train_resolutions, memory_resolutions=args.memory_resolutions,
         memory_modes=tuple(args.memory_modes), repetitions=args.repetitions, min_rep_seconds=args.min_rep_seconds,
-        max_call_seconds=args.max_call_seconds, device=args.device, dtype=args.dtype, threads=args.threads)
+        max_call_seconds=args.max_call_seconds, device=args.device, dtypes=tuple(args.dtype),
+        runtimes=tuple(args.runtime), threads=args.threads)
 
 
 class Stopped(BaseException):

@@ -1,5 +1,7 @@
 """The classification sweep: every cls subject at every resolution, timed side by side, with medians and ratios
-against the DeiT of the same size, FLOPs, parameters and extra peak memory. A point predicted over the per-call
+against the DeiT of the same size, FLOPs, parameters and extra peak memory. Each subject is timed as one
+:class:`Variant` per runtime (eager, torch.compile) and precision (fp32, autocast to bf16 or fp16), and its
+ratio is against the DeiT variant of the same runtime and precision. A point predicted over the per-call
 budget (its FLOPs over the model's last FLOP rate) is skipped; one out of memory is recorded as "oom". Each point
 goes to the journal (``points.jsonl``) as it is measured; a resumed sweep takes the points already there.
 """
@@ -17,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import memory
-from .checks import (DTYPES, MEASUREMENTS, MODES, PATCH, SWEEP_FILES, check_choices, check_device, check_models,
-                  check_number, check_resolution)
+from .checks import (DTYPES, MEASUREMENTS, MODES, PATCH, RUNTIMES, SWEEP_FILES, check_choices, check_device,
+                     check_models, check_number, check_resolution)
 from .flops import count_flops
 from .journal import Journal, Key
 from .memory import guarded, release
@@ -38,9 +40,44 @@ MEMORY_METHODS = {
     "cuda": "torch.cuda.max_memory_allocated during the call minus torch.cuda.memory_allocated before it, after "
             "a warm-up call on a 64×64 image",
 }
-CSV_COLUMNS = ["model", "label", "resolution", "tokens", "batch", "measurement", "status", "value", "unit",
+CSV_COLUMNS = ["model", "label", "subject", "runtime", "dtype", "resolution", "tokens", "batch", "measurement", "status", "value", "unit",
                "ratio_vs_baseline", "baseline_model", "seconds_per_call", "iterations", "samples_s", "peak_mib",
-               "baseline_mib", "method", "params", "gmacs_per_image", "reason"]
+               "baseline_mib", "method", "first_call_s", "params", "gmacs_per_image", "reason"]
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """``subject`` as timed: under ``runtime`` (eager PyTorch, or torch.compile with dynamic shapes as
+    ``train --compile`` applies it) and ``dtype`` (float32, or autocast to a lower precision). Its name is the
+    subject's, with ``+compile`` and ``+bf16``/``+fp16`` where not eager fp32."""
+
+    subject: Subject
+    runtime: str = "eager"
+    dtype: str = "float32"
+
+    def _suffix(self) -> str:
+        return ("+compile" if self.runtime == "compile" else "") + \
+            (f"+{SHORT_DTYPES[self.dtype]}" if self.dtype != "float32" else "")
+
+    @property
+    def name(self) -> str:
+        return self.subject.name + self._suffix()
+
+    @property
+    def baseline(self) -> str:
+        return self.subject.baseline + self._suffix()
+
+    @property
+    def label(self) -> str:
+        extras = [e for e in ("torch.compile" if self.runtime == "compile" else "",
+                              SHORT_DTYPES[self.dtype] if self.dtype != "float32" else "") if e]
+        return self.subject.label + (f" ({', '.join(extras)})" if extras else "")
+
+    @property
+    def modes(self) -> Tuple[str, ...]:
+        return self.subject.modes
+
 
 
 @dataclass
@@ -60,7 +97,8 @@ class SweepConfig:
     min_rep_seconds: float = 1.0
     max_call_seconds: float = 15.0
     device: str = "cpu"
-    dtype: str = "float32"
+    dtypes: Tuple[str, ...] = ("float32",)
+    runtimes: Tuple[str, ...] = ("eager",)
     threads: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -78,9 +116,15 @@ class SweepConfig:
         check_number("min_rep_seconds", self.min_rep_seconds, 0)
         check_number("max_call_seconds", self.max_call_seconds, 0, inclusive=False)
         self.device = check_device(self.device)  # one line for cuda without a GPU; auto becomes cuda or cpu
-        check_choices("dtype", [self.dtype], DTYPES)
+        check_choices("dtypes", self.dtypes, DTYPES)
+        check_choices("runtimes", self.runtimes, RUNTIMES)
         if self.threads is not None:
             check_number("threads", self.threads, 1)
+
+    def variants(self) -> List[Variant]:
+        """Every model under every runtime and precision, in that order."""
+        return [Variant(get_subject("cls", model), runtime, dtype)
+                for model in self.models for runtime in self.runtimes for dtype in self.dtypes]
 
     def batch_for(self, resolution: int) -> int:
         return self.batch_sizes.get(resolution, self.default_batch)
@@ -96,16 +140,17 @@ class SweepConfig:
     def settings(self) -> Dict[str, Any]:
         """What every point depends on beyond its key (a journal measured otherwise is not resumed)."""
         info = machine_info(self.device)
-        return {"device": self.device, "dtype": self.dtype, "repetitions": self.repetitions,
+        return {"device": self.device, "dtypes": list(self.dtypes), "runtimes": list(self.runtimes), "repetitions": self.repetitions,
                 "min_rep_seconds": self.min_rep_seconds, "max_call_seconds": self.max_call_seconds,
                 "threads": torch.get_num_threads(),
                 "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")}}
 
 
-def _row(subject: Subject, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
+def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fields: Any) -> Dict[str, Any]:
     grid = -(-resolution // PATCH)
-    return {"model": subject.name, "label": subject.label, "family": subject.family,
-            "baseline_model": subject.baseline, "resolution": resolution, "tokens": grid * grid, "batch": batch,
+    return {"model": variant.name, "label": variant.label, "subject": variant.subject.name,
+            "runtime": variant.runtime, "dtype": variant.dtype, "family": variant.subject.family,
+            "baseline_model": variant.baseline, "first_call_s": None, "resolution": resolution, "tokens": grid * grid, "batch": batch,
             "measurement": measurement, "status": "ok", "value": None, "unit": None, "ratio_vs_baseline": None,
             "seconds_per_call": None, "samples_s": [], "iterations": None, "peak_mib": None, "baseline_mib": None,
             "method": None, "reason": "", **fields}
@@ -130,12 +175,12 @@ class Sweep:
         self.measured = self.reused = 0  # points measured by this run / taken from the journal
         self.rates: Dict[Tuple[str, str], float] = {}  # (model, mode) -> FLOP/s at the last measured point
 
-    def _over_budget(self, subject: Subject, mode: str, flops_per_call: float, budget: float) -> Optional[str]:
-        """Why a call of ``flops_per_call`` is predicted over ``budget`` from the model's last FLOP rate (else
-        the inference rate of it or its plain variant); None if it is not."""
-        rate, factor = self.rates.get((subject.name, mode)), 1.0
+    def _over_budget(self, variant: Variant, mode: str, flops_per_call: float, budget: float) -> Optional[str]:
+        """Why a call of ``flops_per_call`` is predicted over ``budget`` from the variant's last FLOP rate (else
+        the eager fp32 inference rate of its subject or of that without checkpointing); None if it is not."""
+        rate, factor = self.rates.get((variant.name, mode)), 1.0
         if rate is None:
-            rate = self.rates.get((subject.name.removesuffix("-ckpt"), INFER))
+            rate = self.rates.get((variant.subject.name.removesuffix("-ckpt"), INFER))
             factor = TRAIN_COST if mode == TRAIN else 1.0
         predicted = None if rate is None else flops_per_call / rate * factor
         if predicted is not None and predicted > budget:
@@ -153,13 +198,13 @@ class Sweep:
             self.rates[(row["model"], rate[0])] = rate[1]
         self._save((row["model"], row["resolution"], row["batch"], row["measurement"]), {"row": row, "rate": rate})
 
-    def _skip(self, subject: Subject, resolution: int, batch: int, measurement: str, status: str, reason: str) -> None:
-        self.log(f"  {'out of memory' if status == OOM else 'skip'}: {subject.name} {measurement} {resolution}px: "
+    def _skip(self, variant: Variant, resolution: int, batch: int, measurement: str, status: str, reason: str) -> None:
+        self.log(f"  {'out of memory' if status == OOM else 'skip'}: {variant.name} {measurement} {resolution}px: "
                  f"{reason}")
-        self._record(_row(subject, resolution, batch, measurement, status=status, reason=reason))
+        self._record(_row(variant, resolution, batch, measurement, status=status, reason=reason))
 
-    def _reuse(self, subject: Subject, resolution: int, batch: int, measurement: str) -> bool:
-        entry = self.journal.get((subject.name, resolution, batch, measurement)) if self.journal else None
+    def _reuse(self, name: str, resolution: int, batch: int, measurement: str) -> bool:
+        entry = self.journal.get((name, resolution, batch, measurement)) if self.journal else None
         if entry is None:
             return False
         if "flops" in entry:
@@ -168,7 +213,7 @@ class Sweep:
             self.rows.append(entry["row"])
             if entry.get("rate"):
                 mode, rate = entry["rate"]
-                self.rates[(subject.name, mode)] = rate
+                self.rates[(name, mode)] = rate
         self.reused += 1
         return True
 
@@ -176,43 +221,58 @@ class Sweep:
         value, oom = guarded(fn, self.config.device)
         return value, oom and f"out of memory: {oom}"
 
-    def _prepare_call(self, subject: Subject, resolution: int, batch: int, mode: str) -> Tuple[Callable, float]:
+    def _prepare_call(self, variant: Variant, resolution: int, batch: int, mode: str) -> Tuple[Callable, float, float]:
+        """The variant's call, the seconds of its first call (compilation included) and of a warm one."""
         cfg = self.config
-        fn = prepare(subject, mode, resolution, batch, cfg.device, getattr(torch, cfg.dtype))
-        return fn, time_call(fn, cfg.device)
+        model = variant.subject.build(resolution, cfg.device)
+        if variant.runtime == "compile":
+            from ..engine.loop import compiled
 
-    def _timed_point(self, resolution: int, mode: str, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
+            model = compiled(model, "inductor")
+        fn = prepare(variant.subject, mode, resolution, batch, cfg.device, getattr(torch, variant.dtype), model=model)
+        first = time_call(fn, cfg.device)
+        return fn, first, time_call(fn, cfg.device) if variant.runtime == "compile" else first
+
+    def _timed_point(self, resolution: int, mode: str, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
         cfg = self.config
         batch, measurement = cfg.batch_for(resolution), THROUGHPUT[mode]
         calls: Dict[str, Callable[[], None]] = {}
         iterations: Dict[str, int] = {}
-        for subject in subjects:
-            if self._reuse(subject, resolution, batch, measurement):
+        first_calls: Dict[str, float] = {}
+        # Compiled programs live while their point is timed; a reset between points keeps each first call a
+        # compilation and no code object past Dynamo's recompile limit (past it, Dynamo silently runs eager).
+        if any(v.runtime == "compile" for v in variants):
+            torch._dynamo.reset()
+        for variant in variants:
+            if self._reuse(variant.name, resolution, batch, measurement):
                 continue
-            status, reason = SKIPPED, self._over_budget(subject, mode, plan[subject.name] * batch, cfg.max_call_seconds)
+            flops = plan[variant.subject.name] * batch
+            status, reason = SKIPPED, self._over_budget(variant, mode, flops, cfg.max_call_seconds)
             prepared = None
             if reason is None:
-                prepared, reason = self._guarded(lambda: self._prepare_call(subject, resolution, batch, mode))
+                prepared, reason = self._guarded(lambda: self._prepare_call(variant, resolution, batch, mode))
                 status = OOM
             if prepared is not None:
-                fn, warm = prepared
+                fn, first_calls[variant.name], warm = prepared
                 if warm > 2 * cfg.max_call_seconds:
                     status = SKIPPED
                     reason = f"warm-up call took {warm:.1f} s, over twice the {cfg.max_call_seconds:g} s budget"
                 else:
-                    calls[subject.name] = fn
-                    iterations[subject.name] = iterations_for(warm, cfg.min_rep_seconds)
+                    calls[variant.name] = fn
+                    iterations[variant.name] = iterations_for(warm, cfg.min_rep_seconds)
             if reason is not None:
-                self._skip(subject, resolution, batch, measurement, status, reason)
+                self._skip(variant, resolution, batch, measurement, status, reason)
         samples = side_by_side(calls, cfg.repetitions, cfg.device, iterations)
-        for subject in subjects:
-            if subject.name not in calls:
+        for variant in variants:
+            if variant.name not in calls:
                 continue
-            seconds = median(samples[subject.name])
-            self.log(f"  {subject.name:16s} {mode} {resolution}px b{batch}: {batch / seconds:8.2f} img/s")
-            row = _row(subject, resolution, batch, measurement, value=batch / seconds, unit="img/s",
-                       seconds_per_call=seconds, samples_s=samples[subject.name], iterations=iterations[subject.name])
-            self._record(row, rate=(mode, plan[subject.name] * batch / seconds))
+            seconds = median(samples[variant.name])
+            compiled = f" (first call {first_calls[variant.name]:.1f} s)" if variant.runtime == "compile" else ""
+            self.log(f"  {variant.name:22s} {mode} {resolution}px b{batch}: {batch / seconds:8.2f} img/s{compiled}")
+            row = _row(variant, resolution, batch, measurement, value=batch / seconds, unit="img/s",
+                       seconds_per_call=seconds, samples_s=samples[variant.name], iterations=iterations[variant.name],
+                       first_call_s=first_calls[variant.name] if variant.runtime == "compile" else None)
+            self._record(row, rate=(mode, plan[variant.subject.name] * batch / seconds))
         calls.clear()
         release(cfg.device)
 
@@ -225,10 +285,10 @@ class Sweep:
     def _flops_point(self, resolution: int, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
         cfg = self.config
         for subject in subjects:
-            if subject.name.endswith("-ckpt") or self._reuse(subject, resolution, 1, "flops"):
+            if subject.name.endswith("-ckpt") or self._reuse(subject.name, resolution, 1, "flops"):
                 continue  # checkpointing: the same forward as the variant without it
             # Counting runs one forward; past the budget, count on the meta device instead (same ops, no data).
-            too_slow = self._over_budget(subject, INFER, plan[subject.name], cfg.max_call_seconds) is not None
+            too_slow = self._over_budget(Variant(subject), INFER, plan[subject.name], cfg.max_call_seconds) is not None
             entry, _ = (None, None) if too_slow else self._guarded(lambda: self._count(subject, resolution, cfg.device))
             if entry is None:  # too slow, or out of memory on the device
                 entry = self._count(subject, resolution, "meta")
@@ -236,27 +296,28 @@ class Sweep:
             self._save((subject.name, resolution, 1, "flops"), {"flops": entry})
             release(cfg.device)
 
-    def _memory_point(self, resolution: int, mode: str, subjects: Sequence[Subject], plan: Dict[str, int]) -> None:
+    def _memory_point(self, resolution: int, mode: str, variants: Sequence[Variant], plan: Dict[str, int]) -> None:
         cfg = self.config
         batch, measurement = cfg.batch_for(resolution), MEMORY[mode]
         budget = MEMORY_BUDGET_FACTOR * cfg.max_call_seconds
-        for subject in subjects:
-            if self._reuse(subject, resolution, batch, measurement):
+        for variant in variants:
+            if self._reuse(variant.name, resolution, batch, measurement):
                 continue
-            status, reason = SKIPPED, self._over_budget(subject, mode, plan[subject.name] * batch, budget)
+            status, reason = SKIPPED, self._over_budget(variant, mode, plan[variant.subject.name] * batch, budget)
             report = None
             if reason is None:
                 try:
                     report, reason = self._guarded(lambda: memory.measure(
-                        "cls", subject.name, mode, resolution, batch, cfg.device, cfg.dtype, timeout_s=4 * budget + 60))
+                        "cls", variant.subject.name, mode, resolution, batch, cfg.device, variant.dtype,
+                        timeout_s=4 * budget + 60))
                     status = OOM
                 except subprocess.TimeoutExpired as error:
                     reason = f"memory worker ran past its {error.timeout:.0f} s timeout"
             if report is None:
-                self._skip(subject, resolution, batch, measurement, status, reason or "")
+                self._skip(variant, resolution, batch, measurement, status, reason or "")
                 continue
-            self.log(f"  {subject.name:16s} {mode} memory {resolution}px b{batch}: {report.extra_mib:8.1f} MiB extra")
-            self._record(_row(subject, resolution, batch, measurement, value=report.extra_mib, unit="MiB",
+            self.log(f"  {variant.name:22s} {mode} memory {resolution}px b{batch}: {report.extra_mib:8.1f} MiB extra")
+            self._record(_row(variant, resolution, batch, measurement, value=report.extra_mib, unit="MiB",
                               peak_mib=report.peak_mib, baseline_mib=report.baseline_mib, method=report.method))
 
     def run(self) -> Dict[str, Any]:
@@ -281,26 +342,29 @@ class Sweep:
         cfg = self.config
         machine = machine_info(cfg.device, self.command)  # at the start: the load average the sweep began under
         start = time.perf_counter()
-        subjects = [get_subject("cls", key) for key in cfg.models]
+        variants = cfg.variants()
+        subjects = list({v.subject.name: v.subject for v in variants}.values())
+        eager = [v for v in variants if v.runtime == "eager"]  # memory is measured of eager calls only
         for resolution in cfg.resolutions:
             self.log(f"resolution {resolution}px, batch {cfg.batch_for(resolution)}")
             plan = {s.name: planned_flops(s, resolution) for s in subjects}
             if cfg.measures("infer", INFER, resolution):
-                self._timed_point(resolution, INFER, [s for s in subjects if INFER in s.modes], plan)
+                self._timed_point(resolution, INFER, [v for v in variants if INFER in v.modes], plan)
             if "flops" in cfg.measurements:
                 self._flops_point(resolution, subjects, plan)
             if cfg.measures("train", TRAIN, resolution):
-                self._timed_point(resolution, TRAIN, [s for s in subjects if TRAIN in s.modes], plan)
+                self._timed_point(resolution, TRAIN, [v for v in variants if TRAIN in v.modes], plan)
             for mode in MODES:
                 if cfg.measures("memory", mode, resolution):
-                    self._memory_point(resolution, mode, [s for s in subjects if mode in s.modes], plan)
-        # One order whichever points came from the journal: resolution, measurement, model, as configured.
+                    self._memory_point(resolution, mode, [v for v in eager if mode in v.modes], plan)
+        # One order whichever points came from the journal: resolution, measurement, variant, as configured.
+        order = [v.name for v in variants]
         self.rows.sort(key=lambda r: (cfg.resolutions.index(r["resolution"]), ROW_ORDER.index(r["measurement"]),
-                                      cfg.models.index(r["model"])))
+                                      order.index(r["model"])))
         attach_ratios(self.rows)
         flops = {(f["model"], f["resolution"]): f for f in self.flops}
         for row in self.rows:  # params and GMACs per image (the same for checkpointed variants)
-            entry = flops.get((row["model"].removesuffix("-ckpt"), row["resolution"]))
+            entry = flops.get((row["subject"].removesuffix("-ckpt"), row["resolution"]))
             row["params"] = entry["params"] if entry else None
             row["gmacs_per_image"] = entry["macs"] / 1e9 if entry else None
         return {"machine": machine, "config": asdict(cfg), "elapsed_s": round(time.perf_counter() - start, 1),
@@ -333,13 +397,16 @@ def markdown_table(result: Dict[str, Any]) -> str:
     flops = {(f["model"], f["resolution"]): f for f in result.get("flops", [])}
     models = list(dict.fromkeys(r["model"] for r in rows)) or list(dict.fromkeys(m for m, _ in flops))
     labels = {r["model"]: r["label"] for r in rows}
+    subjects = {r["model"]: r["subject"] for r in rows}
     where = "cuda" if str(result["config"]["device"]).startswith("cuda") else "cpu"
     header = "peak RSS" if where == "cpu" else "CUDA max allocated"
     lines = [provenance(result["machine"]), "",
-             f"{result['config']['dtype']}. Throughput in images/s (higher is better). Memory in MiB (lower is better) "
+             "fp32 unless a row says bf16 or fp16 (autocast); eager PyTorch unless it says torch.compile "
+             "(Inductor, dynamic shapes, as `train --compile`). Throughput in images/s (higher is better). Memory in MiB (lower is better) "
              f"is the extra peak of one call (one forward, or one training step) over a warmed-up process: "
              f"{MEMORY_METHODS[where]}. Ratios in brackets are against the DeiT of the same size with fused "
-             "attention, at the same point. GMACs per image include attention matmuls.", ""]
+             "attention, in the same runtime and precision, at the same point. GMACs per image include attention "
+             "matmuls.", ""]
     for res in sorted({r["resolution"] for r in rows} | {res for _, res in flops}):
         batch = next((r["batch"] for r in rows if r["resolution"] == res), 1)
         lines += [f"### {res}×{res} (batch {batch})", "",
@@ -348,13 +415,20 @@ def markdown_table(result: Dict[str, Any]) -> str:
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for model in models:
             cells = [index.get((model, res, m)) for m in ROW_ORDER]
-            entry = flops.get((model.removesuffix("-ckpt"), res))
+            entry = flops.get((subjects.get(model, model).removesuffix("-ckpt"), res))
             if entry is None and all(c is None for c in cells):
                 continue
             params = f"{entry['params'] / 1e6:.2f}" if entry else "—"
             gmacs = f"{entry['macs'] / 1e9:.2f}" if entry else "—"
             lines.append(f"| {labels.get(model, model)} | {params} | {gmacs} | {_cell(cells[0], 2)} | "
                          f"{_cell(cells[1], 2)} | {_cell(cells[2], 0)} | {_cell(cells[3], 0)} |")
+        lines.append("")
+    first_calls = [r for r in rows if r["status"] == "ok" and r.get("first_call_s") is not None]
+    if first_calls:
+        lines += ["First calls of the compiled variants (compilation included; the timed calls above exclude it):",
+                  ""]
+        lines += [f"- {r['label']}, {r['measurement'].replace('_throughput', '')}, {r['resolution']}px: "
+                  f"{r['first_call_s']:.1f} s" for r in first_calls]
         lines.append("")
     skipped = [r for r in rows if r["status"] != "ok"]
     if skipped:
@@ -411,7 +485,7 @@ def plot_scaling(result: Dict[str, Any]) -> bytes:
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(f"{describe(result['machine'])}, {result['config']['dtype']}", fontsize=9)
+    fig.suptitle(describe(result["machine"]), fontsize=9)
     fig.tight_layout()
     image = io.BytesIO()
     fig.savefig(image, dpi=120, format="png")
