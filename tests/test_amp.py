@@ -64,7 +64,8 @@ def test_bf16_training_learns(bf16_run: Path):
 @pytest.mark.parametrize("regime", [{"smoothing": 0.1}, {"mixup": 0.8, "smoothing": 0.1}])
 def test_the_bf16_training_loss_is_float32_and_near_the_float32_loss(folder: Path, tmp_path: Path, regime: dict):
     """The loss takes float32 logits: CPU autocast would run timm's label-smoothing loss (its log_softmax) in bf16
-    and return a bf16 loss; with Mixup's float32 soft targets the dtype alone cannot tell, the closeness does."""
+    and return a bf16 loss (with Mixup's float32 soft targets the loss is float32 either way: that case checks that
+    a bf16 Mixup step runs and stays near float32)."""
     cfg = prepare_config(tiny_config(folder, tmp_path, amp="bf16", **regime), task="classification").cfg
     task = ClassificationTask(cfg)
     cpu = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), owns_process_group=False)
