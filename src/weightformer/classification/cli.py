@@ -65,6 +65,8 @@ def _add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--img-size", type=int, help="resolution (default: the checkpoint's, else the model's)")
     p.add_argument("--workers", type=int, default=0, help="image-decoding processes (default: 0, this one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                   help="mixed precision: bf16 runs on CPUs and GPUs, fp16 needs a GPU (default: none)")
     p.add_argument("--out", help="also write the predictions to this .csv or .json file")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
@@ -96,7 +98,8 @@ def _run_predict(args: argparse.Namespace) -> int:
     loaded = load_model(args.checkpoint, task="classification", model=args.model,
                         model_kwargs=parse_model_kwargs(args.model_kwargs, flag="--model-kwargs"),
                         use_ema=args.ema, pretrained=args.pretrained)
-    result = predict(loaded, files, args.top_k, args.batch_size, args.img_size, args.workers, device)
+    result = predict(loaded, files, args.top_k, args.batch_size, args.img_size, args.workers, device,
+                     args.amp)
     for file, top in result.rows:
         print(f"{file}: " + ", ".join(f"{name} {100 * p:.1f}%" for _, name, p in top))
     if not result.rows:

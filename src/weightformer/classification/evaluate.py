@@ -123,6 +123,7 @@ def evaluate_checkpoint(checkpoint: Optional[str] = None, model: Optional[str] =
         raise CheckpointError("nothing to evaluate; pass --checkpoint PATH, or --model NAME --pretrained")
     dist_info = init_distributed(device)
     try:
+        autocast(dist_info.device, amp)  # an --amp the device cannot run is refused before the model and data
         loaded = load_model(checkpoint, task="classification", model=model, model_kwargs=model_kwargs,
                             use_ema=use_ema, pretrained=pretrained and checkpoint is None)
         net, meta = loaded.model, loaded.meta

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data.folder import DECODE_ERRORS, rgb_loader
 from ..data.images import image_paths
+from ..engine.device import autocast
 from ..engine.errors import NonFiniteError
 from ..engine.metrics import json_text
 from ..engine.weights import LoadedModel
@@ -85,16 +86,19 @@ class Predictions:
 
 @torch.no_grad()
 def predict(loaded: LoadedModel, files: str | os.PathLike | Sequence[str | os.PathLike], top_k: int = 5,
-            batch_size: int = 32, img_size: int | None = None, workers: int = 0, device: str = "cpu") -> Predictions:
+            batch_size: int = 32, img_size: int | None = None, workers: int = 0, device: str | torch.device = "cpu",
+            amp: str = "none") -> Predictions:
     """Top-``top_k`` softmax probabilities of ``loaded``'s classes for each of ``files`` (an image, or several;
-    a folder: the images under it), in order."""
+    a folder: the images under it), in order; the forward pass under ``amp`` (none, bf16, fp16) autocast."""
+    device = torch.device(device)
+    autocast(device, amp)  # an --amp the device cannot run is refused before any image is read
     files = image_paths(files)
     model = loaded.model.to(device).eval()
     names = class_names(loaded)
     data_config = eval_transform_config(model, loaded.meta, img_size)
     # An image size the model cannot take (smaller than one patch, say) is one line, before any image is read.
     check_input_size(model, {"model": loaded.meta["model"], "in_chans": loaded.meta["in_chans"],
-                             "img_size": data_config["input_size"][-1]}, torch.device(device))
+                             "img_size": data_config["input_size"][-1]}, device)
     transform = create_transform(**data_config, is_training=False)
     loader = DataLoader(ImageFiles(files, transform, loaded.meta["in_chans"]), batch_size=batch_size,
                         num_workers=workers, collate_fn=_collate)
@@ -105,7 +109,9 @@ def predict(loaded: LoadedModel, files: str | os.PathLike | Sequence[str | os.Pa
         for images, indices, unreadable in loader:
             out.skipped.extend(str(files[i]) for i in unreadable)
             if indices:
-                logits = model(images.to(device)).float()  # (B, classes)
+                with autocast(device, amp):
+                    logits = model(images.to(device))
+                logits = logits.float()  # (B, classes)
                 bad = [str(files[i]) for i, ok in zip(indices, logits.isfinite().all(1).tolist()) if not ok]
                 if bad:
                     raise NonFiniteError(f"the model gave non-finite logits (NaN or Inf) for {len(bad)} image(s) of "

@@ -150,7 +150,9 @@ class ClassificationTask(Task):
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         if self.mixup is not None:
             images, targets = self.mixup(images, targets)  # targets: (B,) -> (B, num_classes) soft labels
-        return self.criterion(model(images), targets), images.shape[0]
+        # The loss in float32, as CUDA's autocast runs it: CPU autocast leaves log_softmax (in timm's label-smoothing
+        # and soft-target losses) in bf16, which rounds the loss to 3 significant digits.
+        return self.criterion(model(images).float(), targets), images.shape[0]
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device, amp: str,
                  dist_info: DistInfo) -> dict[str, float]:
