@@ -111,7 +111,7 @@ def test_train_compile_of_each_task_matches_eager(run, tmp_path):
     """``train --compile`` of the dense and generation tasks: two steps with ``compile_backend=aot_eager`` (Dynamo's
     graphs, their breaks and AOTAutograd's decompositions; Inductor's code generation takes minutes per task on a
     2-core CPU) give eager's weights, from the same seed and data order, within 1e-5 (decompositions reorder fp32
-    sums). Drop-path is off: compiled random draws need not match eager's."""
+    sums)."""
     from conftest_train import single_thread
     from weightformer.engine import train
 
@@ -132,4 +132,5 @@ def test_train_compile_of_each_task_matches_eager(run, tmp_path):
     eager, compiled = states
     assert eager.keys() == compiled.keys()
     for key in eager:
-        torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, key=key: f"{key}: {m}")
