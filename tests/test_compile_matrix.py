@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import weightformer  # noqa: F401  (registers the models)
+from weightformer.generation.variants import create_dit
 
 RTOL, ATOL = 1e-4, 1e-5
 IMAGE_SIZES = [(48, 32), (32, 48), (16, 64), (64, 64), (208, 272)]  # non-square first (see test_compile.py)
@@ -50,8 +51,8 @@ def _classifier(name):
 
 def _dit(side):
     torch.manual_seed(0)
-    model = timm.create_model("wf_dit_s_2", input_size=side, hidden_size=32, depth=2, num_classes=NUM_CLASSES,
-                              class_dropout_prob=0.0)  # no label dropout: eager and compiled draw no random labels
+    model = create_dit("wf_dit_s_2", input_size=side, hidden_size=32, depth=2, num_classes=NUM_CLASSES,
+                       class_dropout_prob=0.0)  # no label dropout: eager and compiled draw no random labels
     with torch.no_grad():  # adaLN-Zero starts every block as the identity and the output at 0: give them weights
         for p in model.parameters():
             if not p.any():
