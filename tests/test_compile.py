@@ -74,3 +74,63 @@ def test_an_unknown_compile_backend_is_refused_before_the_data(tmp_path):
     config = tiny_config(tmp_path / "no-data-needed", tmp_path / "run", compile=True, compile_backend="nope")
     with pytest.raises(ConfigError, match="compile_backend 'nope' is not a torch.compile backend"):
         train(config, task="classification")
+
+
+def _det_run(tmp_path):
+    from weightformer.detection import DetectionTask, synthetic
+
+    data = synthetic.write_shapes(tmp_path / "det", seed=3, split_sizes={"train": 6, "val": 1})
+    kwargs = {"embed_dim": 32, "depth": 2, "conv_dim": 16, "fc_dim": 32, "rpn_pre_nms_top_n_train": 50,
+              "rpn_post_nms_top_n_train": 16, "rpn_pre_nms_top_n_test": 20, "rpn_post_nms_top_n_test": 8,
+              "box_batch_size_per_image": 16}
+    return DetectionTask, dict(data=str(data), model="weightformer_tiny", model_kwargs=kwargs, img_size=64,
+                               batch_size=2, lr=0.02)
+
+
+def _seg_run(tmp_path):
+    from weightformer.segmentation.synthetic import write_shapes
+    from weightformer.segmentation.task import SegmentationTask
+
+    data = write_shapes(tmp_path / "seg", train=4, val=1)
+    kwargs = {"embed_dim": 32, "depth": 2, "channels": 16, "pyramid_channels": 16, "aux_channels": 8}
+    return SegmentationTask, dict(data=str(data), model_kwargs=kwargs, img_size=32, num_classes=4, seg_crop=32,
+                                  seg_stride=16, batch_size=2, lr=1e-3)
+
+
+def _gen_run(tmp_path):
+    from conftest_train import make_image_folder
+    from weightformer.generation.task import GenerationTask
+
+    data = make_image_folder(tmp_path / "gen", train_per_class=4, val_per_class=1, size=16)
+    return GenerationTask, dict(data=str(data), model="wf_dit_s_4", model_kwargs={"hidden_size": 32, "depth": 2},
+                                img_size=16, batch_size=4, lr=4e-3)
+
+
+@pytest.mark.parametrize("run", [_det_run, _seg_run, _gen_run], ids=["detection", "segmentation", "generation"])
+def test_train_compile_of_each_task_matches_eager(run, tmp_path):
+    """``train --compile`` of the dense and generation tasks: two steps with ``compile_backend=aot_eager`` (Dynamo's
+    graphs, their breaks and AOTAutograd's decompositions; Inductor's code generation takes minutes per task on a
+    2-core CPU) give eager's weights, from the same seed and data order, within 1e-5 (decompositions reorder fp32
+    sums)."""
+    from conftest_train import single_thread
+    from weightformer.engine import train
+
+    task, settings = run(tmp_path)
+    settings = dict(settings, epochs=1, max_steps=2, warmup_epochs=0, workers=0, device="cpu", deterministic=True,
+                    ema=False, log_interval=1000)
+    states = []
+    with single_thread():
+        for compile in (False, True):
+            torch._dynamo.reset()
+            try:
+                result = train(dict(settings, output=str(tmp_path / f"run-{compile}"), compile=compile,
+                                    compile_backend="aot_eager"), task=task)
+            finally:
+                torch._dynamo.reset()
+            assert result.global_step == 2
+            states.append(result.model.state_dict())
+    eager, compiled = states
+    assert eager.keys() == compiled.keys()
+    for key in eager:
+        torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, key=key: f"{key}: {m}")
