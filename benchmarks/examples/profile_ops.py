@@ -2,6 +2,10 @@
 
     python benchmarks/examples/profile_ops.py --resolution 1248 --mode infer
     python benchmarks/examples/profile_ops.py --resolution 224 --batch 16 --mode train --model wf-t-naive
+    python benchmarks/examples/profile_ops.py --resolution 224 --batch 16 --mode train --runtime compile
+
+Under ``--runtime compile`` (torch.compile with Inductor and dynamic shapes, as ``train --compile``) Inductor's
+own kernels are profiled too (``cpp_fused_*`` rows); matrix products stay ATen calls (``aten::mm``, ...).
 """
 
 import argparse
@@ -21,14 +25,27 @@ parser.add_argument("--steps", type=int, default=1, help="profiled calls after o
 parser.add_argument("--rows", type=int, default=25)
 parser.add_argument("--by-shape", action="store_true", help="group ops by input shapes as well")
 parser.add_argument("--threads", type=int, default=2)
+parser.add_argument("--runtime", default="eager", choices=["eager", "compile"])
+parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
 args = parser.parse_args()
 torch.set_num_threads(args.threads)
 machine = machine_info("cpu")
 print(describe(machine))
 print(f"command: {machine['command']}")
-print(f"{args.model} {args.mode} at {args.resolution}², batch {args.batch}, {args.steps} step(s)")
-call = prepare(get_subject("cls", args.model), args.mode, args.resolution, args.batch, "cpu")
-call()  # warm-up
+print(f"{args.model} {args.mode} at {args.resolution}², batch {args.batch}, {args.steps} step(s), {args.runtime}, "
+      f"{args.dtype}")
+subject = get_subject("cls", args.model)
+model = subject.build(args.resolution, "cpu")
+if args.runtime == "compile":
+    import torch._inductor.config
+
+    from weightformer.engine.loop import compiled
+
+    torch._inductor.config.cpp.enable_kernel_profile = True  # a profiler row per generated kernel
+    model = compiled(model, "inductor")
+call = prepare(subject, args.mode, args.resolution, args.batch, "cpu", getattr(torch, args.dtype), model=model)
+call()  # warm-up (and compilation)
+call()
 with profile(activities=[ProfilerActivity.CPU], record_shapes=args.by_shape) as prof:
     for _ in range(args.steps):
         call()
