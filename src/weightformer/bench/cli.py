@@ -19,7 +19,8 @@ from ..engine.cli import OneLineParser, run_reporting_errors
 from ..engine.errors import ConfigError
 from ..engine.run_dir import hold_run_folder
 from .journal import JOURNAL_NAME
-from .checks import DTYPES, MEASUREMENTS, MODES, RUNTIMES, SWEEP_FILES, check_choices, check_models, check_number, check_resolution
+from .checks import (DTYPES, MEASUREMENTS, MODES, RUNTIMES, SWEEP_FILES, check_choices, check_models, check_number,
+                     check_resolution)
 from .subjects import suite
 
 if TYPE_CHECKING:

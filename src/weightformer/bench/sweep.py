@@ -40,9 +40,9 @@ MEMORY_METHODS = {
     "cuda": "torch.cuda.max_memory_allocated during the call minus torch.cuda.memory_allocated before it, after "
             "a warm-up call on a 64×64 image",
 }
-CSV_COLUMNS = ["model", "label", "subject", "runtime", "dtype", "resolution", "tokens", "batch", "measurement", "status", "value", "unit",
-               "ratio_vs_baseline", "baseline_model", "seconds_per_call", "iterations", "samples_s", "peak_mib",
-               "baseline_mib", "method", "first_call_s", "params", "gmacs_per_image", "reason"]
+CSV_COLUMNS = ["model", "label", "subject", "runtime", "dtype", "resolution", "tokens", "batch", "measurement",
+               "status", "value", "unit", "ratio_vs_baseline", "baseline_model", "seconds_per_call", "iterations",
+               "samples_s", "peak_mib", "baseline_mib", "method", "first_call_s", "params", "gmacs_per_image", "reason"]
 SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -56,28 +56,29 @@ class Variant:
     runtime: str = "eager"
     dtype: str = "float32"
 
-    def _suffix(self) -> str:
-        return ("+compile" if self.runtime == "compile" else "") + \
-            (f"+{SHORT_DTYPES[self.dtype]}" if self.dtype != "float32" else "")
+    def _extras(self) -> List[Tuple[str, str]]:
+        """(name suffix, label) of each way this variant differs from eager fp32."""
+        extras = [("compile", "torch.compile")] if self.runtime == "compile" else []
+        if self.dtype != "float32":
+            extras.append((SHORT_DTYPES[self.dtype],) * 2)
+        return extras
 
     @property
     def name(self) -> str:
-        return self.subject.name + self._suffix()
+        return self.subject.name + "".join(f"+{suffix}" for suffix, _ in self._extras())
 
     @property
     def baseline(self) -> str:
-        return self.subject.baseline + self._suffix()
+        return self.subject.baseline + "".join(f"+{suffix}" for suffix, _ in self._extras())
 
     @property
     def label(self) -> str:
-        extras = [e for e in ("torch.compile" if self.runtime == "compile" else "",
-                              SHORT_DTYPES[self.dtype] if self.dtype != "float32" else "") if e]
+        extras = [label for _, label in self._extras()]
         return self.subject.label + (f" ({', '.join(extras)})" if extras else "")
 
     @property
     def modes(self) -> Tuple[str, ...]:
         return self.subject.modes
-
 
 
 @dataclass
@@ -140,8 +141,9 @@ class SweepConfig:
     def settings(self) -> Dict[str, Any]:
         """What every point depends on beyond its key (a journal measured otherwise is not resumed)."""
         info = machine_info(self.device)
-        return {"device": self.device, "dtypes": list(self.dtypes), "runtimes": list(self.runtimes), "repetitions": self.repetitions,
-                "min_rep_seconds": self.min_rep_seconds, "max_call_seconds": self.max_call_seconds,
+        return {"device": self.device, "dtypes": list(self.dtypes), "runtimes": list(self.runtimes),
+                "repetitions": self.repetitions, "min_rep_seconds": self.min_rep_seconds,
+                "max_call_seconds": self.max_call_seconds,
                 "threads": torch.get_num_threads(),
                 "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")}}
 
@@ -150,9 +152,9 @@ def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fiel
     grid = -(-resolution // PATCH)
     return {"model": variant.name, "label": variant.label, "subject": variant.subject.name,
             "runtime": variant.runtime, "dtype": variant.dtype, "family": variant.subject.family,
-            "baseline_model": variant.baseline, "first_call_s": None, "resolution": resolution, "tokens": grid * grid, "batch": batch,
-            "measurement": measurement, "status": "ok", "value": None, "unit": None, "ratio_vs_baseline": None,
-            "seconds_per_call": None, "samples_s": [], "iterations": None, "peak_mib": None, "baseline_mib": None,
+            "baseline_model": variant.baseline, "first_call_s": None, "resolution": resolution, "tokens": grid * grid,
+            "batch": batch, "measurement": measurement, "status": "ok", "value": None, "unit": None,
+            "ratio_vs_baseline": None, "seconds_per_call": None, "samples_s": [], "iterations": None, "peak_mib": None, "baseline_mib": None,
             "method": None, "reason": "", **fields}
 
 
@@ -238,7 +240,7 @@ class Sweep:
         batch, measurement = cfg.batch_for(resolution), THROUGHPUT[mode]
         calls: Dict[str, Callable[[], None]] = {}
         iterations: Dict[str, int] = {}
-        first_calls: Dict[str, float] = {}
+        first_calls: Dict[str, float] = {}  # compiled variants: the seconds of the call that compiled
         # Compiled programs live while their point is timed; a reset between points keeps each first call a
         # compilation and no code object past Dynamo's recompile limit (past it, Dynamo silently runs eager).
         if any(v.runtime == "compile" for v in variants):
@@ -253,7 +255,9 @@ class Sweep:
                 prepared, reason = self._guarded(lambda: self._prepare_call(variant, resolution, batch, mode))
                 status = OOM
             if prepared is not None:
-                fn, first_calls[variant.name], warm = prepared
+                fn, first, warm = prepared
+                if variant.runtime == "compile":
+                    first_calls[variant.name] = first
                 if warm > 2 * cfg.max_call_seconds:
                     status = SKIPPED
                     reason = f"warm-up call took {warm:.1f} s, over twice the {cfg.max_call_seconds:g} s budget"
@@ -267,11 +271,12 @@ class Sweep:
             if variant.name not in calls:
                 continue
             seconds = median(samples[variant.name])
-            compiled = f" (first call {first_calls[variant.name]:.1f} s)" if variant.runtime == "compile" else ""
+            first = first_calls.get(variant.name)
+            compiled = "" if first is None else f" (first call {first:.1f} s)"
             self.log(f"  {variant.name:22s} {mode} {resolution}px b{batch}: {batch / seconds:8.2f} img/s{compiled}")
             row = _row(variant, resolution, batch, measurement, value=batch / seconds, unit="img/s",
                        seconds_per_call=seconds, samples_s=samples[variant.name], iterations=iterations[variant.name],
-                       first_call_s=first_calls[variant.name] if variant.runtime == "compile" else None)
+                       first_call_s=first)
             self._record(row, rate=(mode, plan[variant.subject.name] * batch / seconds))
         calls.clear()
         release(cfg.device)
@@ -402,7 +407,8 @@ def markdown_table(result: Dict[str, Any]) -> str:
     header = "peak RSS" if where == "cpu" else "CUDA max allocated"
     lines = [provenance(result["machine"]), "",
              "fp32 unless a row says bf16 or fp16 (autocast); eager PyTorch unless it says torch.compile "
-             "(Inductor, dynamic shapes, as `train --compile`). Throughput in images/s (higher is better). Memory in MiB (lower is better) "
+             "(Inductor, dynamic shapes, as `train --compile`). Throughput in images/s (higher is better). "
+             "Memory in MiB (lower is better) "
              f"is the extra peak of one call (one forward, or one training step) over a warmed-up process: "
              f"{MEMORY_METHODS[where]}. Ratios in brackets are against the DeiT of the same size with fused "
              "attention, in the same runtime and precision, at the same point. GMACs per image include attention "
