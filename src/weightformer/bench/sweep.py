@@ -154,8 +154,8 @@ def _row(variant: Variant, resolution: int, batch: int, measurement: str, **fiel
             "runtime": variant.runtime, "dtype": variant.dtype, "family": variant.subject.family,
             "baseline_model": variant.baseline, "first_call_s": None, "resolution": resolution, "tokens": grid * grid,
             "batch": batch, "measurement": measurement, "status": "ok", "value": None, "unit": None,
-            "ratio_vs_baseline": None, "seconds_per_call": None, "samples_s": [], "iterations": None, "peak_mib": None, "baseline_mib": None,
-            "method": None, "reason": "", **fields}
+            "ratio_vs_baseline": None, "seconds_per_call": None, "samples_s": [], "iterations": None, "peak_mib": None,
+            "baseline_mib": None, "method": None, "reason": "", **fields}
 
 
 def planned_flops(subject: Subject, resolution: int) -> int:
