@@ -111,22 +111,27 @@ def _compiled(model, mode):
     return torch.compile(model, backend="inductor", options=options, **mode)
 
 
-def _run_classifier(name, mode, sizes, batches):
-    model = _classifier(name)
+def _run(model, mode, cases):
+    """``model`` compiled in ``mode`` against eager over ``cases``, (where, make inputs and target) each; returns
+    the largest differences (output, loss, gradient)."""
     torch._dynamo.reset()
     compiled = _compiled(model, mode)
     worst = [0.0, 0.0, 0.0]
-    try:  # static mode compiles once per size and batch: 2 graphs (eval, train) for each
-        with torch._dynamo.config.patch(recompile_limit=4 * len(sizes) * len(batches)):
-            for batch in batches:
-                for size in sizes:
-                    where = f"{name} {mode} batch {batch} at {size[0]}x{size[1]}"
-                    diffs = _compare(model, compiled, *_image_batch(batch, size), where)
-                    print(where, "max |compiled - eager|: output %.1e, loss %.1e, gradient %.1e" % diffs)
-                    worst = [max(w, d) for w, d in zip(worst, diffs)]
+    try:  # static mode compiles once per case: 2 graphs (eval, train) for each
+        with torch._dynamo.config.patch(recompile_limit=4 * len(cases)):
+            for where, make in cases:
+                diffs = _compare(model, compiled, *make(), where)
+                print(where, "max |compiled - eager|: output %.1e, loss %.1e, gradient %.1e" % diffs)
+                worst = [max(w, d) for w, d in zip(worst, diffs)]
     finally:
         torch._dynamo.reset()
     return worst
+
+
+def _run_classifier(name, mode, sizes, batches):
+    cases = [(f"{name} {mode} batch {batch} at {size[0]}x{size[1]}",
+              lambda batch=batch, size=size: _image_batch(batch, size)) for batch in batches for size in sizes]
+    return _run(_classifier(name), mode, cases)
 
 
 def test_weightformer_compiles_to_eager_at_odd_grids():
@@ -151,16 +156,7 @@ def test_classifier_compiles_to_eager(name, mode):
 def test_wf_dit_compiles_to_eager(mode):
     worst = [0.0, 0.0, 0.0]
     for side in DIT_SIDES:  # one model per side (the grid is fixed), so one compiled object per side
-        model = _dit(side)
-        torch._dynamo.reset()
-        compiled = _compiled(model, mode)
-        try:
-            with torch._dynamo.config.patch(recompile_limit=4 * len(BATCHES)):
-                for batch in BATCHES:
-                    where = f"wf_dit_s_2 {mode} batch {batch} at latent {side}x{side}"
-                    diffs = _compare(model, compiled, *_latent_batch(batch, side), where)
-                    print(where, "max |compiled - eager|: output %.1e, loss %.1e, gradient %.1e" % diffs)
-                    worst = [max(w, d) for w, d in zip(worst, diffs)]
-        finally:
-            torch._dynamo.reset()
+        cases = [(f"wf_dit_s_2 {mode} batch {batch} at latent {side}x{side}",
+                  lambda batch=batch, side=side: _latent_batch(batch, side)) for batch in BATCHES]
+        worst = [max(w, d) for w, d in zip(worst, _run(_dit(side), mode, cases))]
     print(f"wf_dit_s_2 {mode} worst: output %.1e, loss %.1e, gradient %.1e" % tuple(worst))
