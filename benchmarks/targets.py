@@ -2,7 +2,10 @@
 1248² inference-memory ratios.
 
     python benchmarks/targets.py [--repetitions 5] [--sweep-results benchmarks/results/cpu/results.json]
-                                 [--out benchmarks/results/targets_cpu.json]
+                                 [--allocator cached] [--out benchmarks/results/targets_cpu.json]
+
+Throughput ratios are the median over rounds of each round's ratio (``timing.paired_ratio``); timings run with
+glibc's malloc keeping freed memory (``--allocator cached``, as the sweep; ``system`` for glibc's defaults).
 
 The inference-memory ratios (1248², batch 1: WeightFormer-T's extra peak over DeiT-T's with explicit
 attention, target <= 9%, and with fused attention, target <= 0.7x) are taken from a sweep's results.json
@@ -19,11 +22,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from weightformer.bench.checks import ALLOCATORS
 from weightformer.bench.flops import count_flops
 from weightformer.bench.memory import measure
 from weightformer.bench.results import check_out_dir, describe, machine_info
 from weightformer.bench.subjects import INFER, TRAIN, get_subject, prepare
-from weightformer.bench.timing import iterations_for, median, side_by_side, time_call
+from weightformer.bench.timing import iterations_for, keep_freed_memory, median, paired_ratio, side_by_side, time_call
 
 HIGH, MID, LOW = 1248, 624, 224
 TRAIN_BATCH = GEMM_BATCH = 16
@@ -50,14 +54,26 @@ def inference_targets(repetitions: int, min_seconds: float) -> tuple:
     """WeightFormer-T vs DeiT-T and vs naive at 1248², batch 1, and WeightFormer-T's 624² -> 1248² scaling."""
     points = (("wf-t", HIGH), ("wf-t-naive", HIGH), ("deit-t", HIGH), ("wf-t", MID))
     samples = _timed({f"{key}@{res}": _call(key, INFER, res, 1) for key, res in points}, repetitions, min_seconds)
-    wf, naive, deit, wf_mid = (median(samples[f"{k}@{r}"]) for k, r in points)
+    wf, naive, deit, wf_mid = (samples[f"{k}@{r}"] for k, r in points)
     return [
-        _target("1248² b1 inference: WeightFormer-T / DeiT-T (fused) throughput", deit / wf, 5.5, True, "×",
-                f"WeightFormer-T {1 / wf:.3f} img/s, DeiT-T {1 / deit:.3f} img/s"),
-        _target("624² -> 1248² (4× tokens): WeightFormer-T time ratio", wf / wf_mid, 4.6, False, "×",
-                f"{wf_mid:.3f} s -> {wf:.3f} s per image"),
-        _target("1248² b1 inference: WeightFormer-T fast / naive throughput", naive / wf, 1.15, True, "×",
-                f"fast {wf:.3f} s, naive {naive:.3f} s per image"),
+        _target("1248² b1 inference: WeightFormer-T / DeiT-T (fused) throughput", paired_ratio(deit, wf), 5.5, True,
+                "×", f"WeightFormer-T {1 / median(wf):.3f} img/s, DeiT-T {1 / median(deit):.3f} img/s"),
+        _target("624² -> 1248² (4× tokens): WeightFormer-T time ratio", paired_ratio(wf, wf_mid), 4.6, False, "×",
+                f"{median(wf_mid):.3f} s -> {median(wf):.3f} s per image"),
+        _target("1248² b1 inference: WeightFormer-T fast / naive throughput", paired_ratio(naive, wf), 1.15, True,
+                "×", f"fast {median(wf):.3f} s, naive {median(naive):.3f} s per image"),
+    ], samples
+
+
+def small_inference_target(repetitions: int, min_seconds: float) -> tuple:
+    """WeightFormer-S vs DeiT-S inference at 224², batch 16."""
+    keys = ("wf-s", "deit-s")
+    samples = _timed({key: _call(key, INFER, LOW, TRAIN_BATCH) for key in keys}, repetitions, min_seconds)
+    wf, deit = (samples[k] for k in keys)
+    return [
+        _target("224² b16 inference: WeightFormer-S / DeiT-S (fused) throughput", paired_ratio(deit, wf), 0.97, True,
+                "×", f"WeightFormer-S {TRAIN_BATCH / median(wf):.2f} img/s, "
+                     f"DeiT-S {TRAIN_BATCH / median(deit):.2f} img/s"),
     ], samples
 
 
@@ -83,12 +99,13 @@ def training_targets(repetitions: int, min_seconds: float) -> tuple:
     """Training steps (forward, backward, AdamW) at 224², batch 16: WeightFormer-T vs DeiT-T and vs naive."""
     keys = ("wf-t", "wf-t-naive", "deit-t")
     samples = _timed({key: _call(key, TRAIN, LOW, TRAIN_BATCH) for key in keys}, repetitions, min_seconds)
-    wf, naive, deit = (median(samples[k]) for k in keys)
+    wf, naive, deit = (samples[k] for k in keys)
     return [
-        _target("224² b16 training step: WeightFormer-T / DeiT-T (fused) rate", deit / wf, 1.05, True, "×",
-                f"WeightFormer-T {TRAIN_BATCH / wf:.2f} img/s, DeiT-T {TRAIN_BATCH / deit:.2f} img/s"),
-        _target("224² b16 training step: WeightFormer-T fast / naive rate", naive / wf, 1.1, True, "×",
-                f"fast {wf:.3f} s, naive {naive:.3f} s per step"),
+        _target("224² b16 training step: WeightFormer-T / DeiT-T (fused) rate", paired_ratio(deit, wf), 1.05, True,
+                "×", f"WeightFormer-T {TRAIN_BATCH / median(wf):.2f} img/s, "
+                     f"DeiT-T {TRAIN_BATCH / median(deit):.2f} img/s"),
+        _target("224² b16 training step: WeightFormer-T fast / naive rate", paired_ratio(naive, wf), 1.1, True, "×",
+                f"fast {median(wf):.3f} s, naive {median(naive):.3f} s per step"),
     ], samples
 
 
@@ -154,6 +171,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--repetitions", type=int, default=5, help="interleaved rounds (and GEMM pairs)")
     parser.add_argument("--min-rep-seconds", type=float, default=0.5, help="a timed repetition lasts at least this")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="cached",
+                        help="cached: glibc keeps freed memory for reuse while timing (as the sweep); "
+                             "system: its defaults")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/targets_cpu.json"))
     parser.add_argument("--sweep-results", type=Path, default=None,
                         help="a sweep's results.json to take the 1248² inference memory from (default: measure it)")
@@ -167,10 +187,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     machine = machine_info("cpu")
+    machine["allocator"] = "keeps freed memory" if args.allocator == "cached" and keep_freed_memory() else "system"
     print(f"machine: {describe(machine)}", flush=True)
     targets: List[Dict[str, Any]] = []
     raw: Dict[str, Any] = {}
     for name, run in (("inference", lambda: inference_targets(args.repetitions, args.min_rep_seconds)),
+                      ("small-model inference", lambda: small_inference_target(args.repetitions, args.min_rep_seconds)),
                       ("gemm", lambda: gemm_target(args.repetitions, args.min_rep_seconds)),
                       ("training", lambda: training_targets(args.repetitions, args.min_rep_seconds)),
                       ("memory", memory_targets),
@@ -182,6 +204,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("GPU targets (7.7× DeiT-T throughput at <= 9% of its memory, bf16, 1248²): need CUDA, see benchmarks/gpu.py")
     document = {"machine": machine, "targets": targets, "raw": raw,
                 "settings": {"dtype": "float32", "threads": args.threads, "repetitions": args.repetitions,
+                             "allocator": args.allocator,
                              "sweep_results": None if args.sweep_results is None else str(args.sweep_results)}}
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out}")

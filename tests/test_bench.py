@@ -4,6 +4,9 @@ import argparse
 import csv
 import importlib.util
 import json
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from weightformer.bench import Sweep, SweepConfig, attach_ratios, count_flops, get_subject, measure, write_all
 from weightformer.bench.cli import add_arguments, config_from_args, parse_batches
 from weightformer.bench.subjects import SUBJECTS, suite
-from weightformer.bench.timing import median, side_by_side
+from weightformer.bench.timing import median, paired_ratio, side_by_side
 from weightformer.bench.sweep import csv_text, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +58,49 @@ def test_median_and_ratios():
     attach_ratios(rows)
     assert rows[0]["ratio_vs_baseline"] == 1.0
     assert rows[1]["ratio_vs_baseline"] == 2.5
+
+
+def test_a_ratio_timed_side_by_side_is_the_median_of_each_rounds_ratio():
+    # Rounds 2 and 3 ran under load that slowed both models alike, and in rounds 4 and 5 a burst slowed WF
+    # alone: WF is twice as fast in most rounds, which the medians' ratio (1.0) does not see.
+    deit, wf = [1.0, 3.0, 3.0, 1.5, 1.2], [0.5, 1.5, 1.5, 1.5, 1.2]
+    assert median(deit) / median(wf) == pytest.approx(1.0)
+    assert paired_ratio(deit, wf) == pytest.approx(2.0)
+    rows = [{"model": m, "baseline_model": "deit-t", "resolution": 224, "batch": 16, "measurement": "infer_throughput",
+             "status": "ok", "value": 16 / median(samples), "samples_s": samples, "ratio_vs_baseline": None}
+            for m, samples in (("deit-t", deit), ("wf-t", wf))]
+    attach_ratios(rows)
+    assert rows[1]["ratio_vs_baseline"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="side by side"):
+        paired_ratio([1.0, 2.0], [1.0])
+
+
+FAULTS_OF_A_64_MIB_TENSOR = """
+import resource, sys, torch
+from weightformer.bench.timing import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "cached" else None
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(2**24)  # 64 MiB, freed at once
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+for _ in range(3):  # the heap settles (it grows while the first blocks are placed)
+    faults()
+print(kept, sum(faults() for _ in range(3)))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_keeping_freed_memory_stops_the_second_allocation_from_faulting_its_pages_in():
+    def run(allocator):
+        out = subprocess.run([sys.executable, "-c", FAULTS_OF_A_64_MIB_TENSOR, allocator], capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    kept, faults = run("cached")
+    _, system_faults = run("system")
+    assert kept == "True"
+    assert system_faults > 3 * 8000  # glibc maps a block this large afresh each time: 16,384 pages of 4 KiB
+    assert faults < 0.05 * system_faults
 
 
 def test_the_timer_interleaves_the_models():

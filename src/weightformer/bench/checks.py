@@ -12,6 +12,8 @@ MEASUREMENTS = ("infer", "train", "memory", "flops")
 MODES = (INFER, TRAIN)
 DTYPES = ("float32", "bfloat16", "float16")
 RUNTIMES = ("eager", "compile")  # compile: torch.compile as `train --compile` applies it (engine.loop.compiled)
+# cached: glibc keeps freed memory for reuse in the timing process (timing.keep_freed_memory); system: its defaults
+ALLOCATORS = ("cached", "system")
 PATCH = 16  # every classifier of the sweep cuts images into 16×16 patches
 SWEEP_FILES = ("results.json", "results.csv", "results.md", "scaling.png")
 

@@ -82,7 +82,9 @@ def describe(info: Dict[str, Any]) -> str:
     where = info["gpu"] or f"{info['cpu']}, {info['cpu_affinity'] or info['cpu_count']} cores"
     load = info.get("load_average")
     load_text = "load average at start " + " ".join(f"{v:g}" for v in load) if load else "load average not recorded"
-    return f"{where}; torch {info['torch']}, {info['torch_threads']} threads; {load_text}; {info['date'][:10]}"
+    allocator = f"; malloc {info['allocator']}" if info.get("allocator") else ""
+    return (f"{where}; torch {info['torch']}, {info['torch_threads']} threads{allocator}; {load_text}; "
+            f"{info['date'][:10]}")
 
 
 def provenance(info: Dict[str, Any]) -> str:

@@ -19,14 +19,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import memory
-from .checks import (DTYPES, MEASUREMENTS, MODES, PATCH, RUNTIMES, SWEEP_FILES, check_choices, check_device,
+from .checks import (ALLOCATORS, DTYPES, MEASUREMENTS, MODES, PATCH, RUNTIMES, SWEEP_FILES, check_choices, check_device,
                      check_models, check_number, check_resolution)
 from .flops import count_flops
 from .journal import Journal, Key
 from .memory import guarded, release
 from .results import describe, machine_info, provenance, write_results
 from .subjects import INFER, TRAIN, Subject, get_subject, param_count, prepare
-from .timing import iterations_for, median, side_by_side, time_call
+from .timing import iterations_for, keep_freed_memory, median, paired_ratio, side_by_side, time_call
 
 THROUGHPUT = {INFER: "infer_throughput", TRAIN: "train_throughput"}
 MEMORY = {INFER: "infer_memory", TRAIN: "train_memory"}
@@ -101,6 +101,7 @@ class SweepConfig:
     dtypes: Tuple[str, ...] = ("float32",)
     runtimes: Tuple[str, ...] = ("eager",)
     threads: Optional[int] = None
+    allocator: str = "cached"  # see timing.keep_freed_memory; memory is measured in fresh processes either way
 
     def __post_init__(self) -> None:
         check_models(self.models)
@@ -119,6 +120,7 @@ class SweepConfig:
         self.device = check_device(self.device)  # one line for cuda without a GPU; auto becomes cuda or cpu
         check_choices("dtypes", self.dtypes, DTYPES)
         check_choices("runtimes", self.runtimes, RUNTIMES)
+        check_choices("allocator", (self.allocator,), ALLOCATORS)
         if self.threads is not None:
             check_number("threads", self.threads, 1)
 
@@ -143,7 +145,7 @@ class SweepConfig:
         info = machine_info(self.device)
         return {"device": self.device, "dtypes": list(self.dtypes), "runtimes": list(self.runtimes),
                 "repetitions": self.repetitions, "min_rep_seconds": self.min_rep_seconds,
-                "max_call_seconds": self.max_call_seconds,
+                "max_call_seconds": self.max_call_seconds, "allocator": self.allocator,
                 "threads": torch.get_num_threads(),
                 "machine": {k: info[k] for k in ("hostname", "cpu", "gpu", "python", "torch", "timm")}}
 
@@ -346,6 +348,7 @@ class Sweep:
     def _run(self) -> Dict[str, Any]:
         cfg = self.config
         machine = machine_info(cfg.device, self.command)  # at the start: the load average the sweep began under
+        machine["allocator"] = "keeps freed memory" if cfg.allocator == "cached" and keep_freed_memory() else "system"
         start = time.perf_counter()
         variants = cfg.variants()
         subjects = list({v.subject.name: v.subject for v in variants}.values())
@@ -377,11 +380,17 @@ class Sweep:
 
 
 def attach_ratios(rows: List[Dict[str, Any]]) -> None:
-    """Set each ok row's ``ratio_vs_baseline``: its value over its baseline model's at the same point."""
+    """Set each ok row's ``ratio_vs_baseline``: its value over its baseline model's at the same point; for
+    throughput timed side by side, the median of each round's ratio (:func:`timing.paired_ratio`)."""
     index = {(r["model"], r["resolution"], r["batch"], r["measurement"]): r for r in rows if r["status"] == "ok"}
     for row in rows:
         base = index.get((row["baseline_model"], row["resolution"], row["batch"], row["measurement"]))
-        if row["status"] == "ok" and base is not None and base["value"]:
+        if row["status"] != "ok" or base is None or not base["value"]:
+            continue
+        rounds, base_rounds = row.get("samples_s") or [], base.get("samples_s") or []
+        if rounds and len(rounds) == len(base_rounds):  # seconds per call: the baseline's over the row's
+            row["ratio_vs_baseline"] = paired_ratio(base_rounds, rounds)
+        else:  # memory, or points from a journal timed in different runs
             row["ratio_vs_baseline"] = row["value"] / base["value"]
 
 
