@@ -16,11 +16,14 @@ python -m weightformer.bench --device cpu --threads 2 --models wf-t,deit-t --res
 python benchmarks/targets.py --threads 2 --sweep-results benchmarks/results/cpu/results.json \
     --out benchmarks/results/targets_cpu.json
 python benchmarks/examples/profile_ops.py --model wf-t --mode infer --resolution 1248 > benchmarks/results/cpu/profile_wf-t_infer_1248.txt
-python benchmarks/examples/profile_ops.py --model wf-t --mode train --resolution 224 --batch 16 > benchmarks/results/cpu/profile_wf-t_train_224_b16.txt
-for model in wf-s deit-s; do
-    python benchmarks/examples/profile_ops.py --model $model --mode infer --resolution 224 --batch 16 --steps 3 --rows 20 \
-        > benchmarks/results/cpu/profile_${model}_infer_224_b16.txt
+for model in wf-t deit-t; do
+    python benchmarks/examples/profile_ops.py --model $model --mode train --resolution 224 --batch 16 --steps 3 --rows 22 \
+        > benchmarks/results/cpu/profile_${model}_train_224_b16.txt
 done
+python -m weightformer.bench --device cpu --threads 2 --models wf-t,deit-t,wf-s,deit-s --resolutions 224 \
+    --measure infer,train --repetitions 9 --allocator cached --out benchmarks/results/cpu/allocator_224/cached --overwrite
+python -m weightformer.bench --device cpu --threads 2 --models wf-t,deit-t,wf-s,deit-s --resolutions 224 \
+    --measure infer,train --repetitions 9 --allocator system --out benchmarks/results/cpu/allocator_224/system --overwrite
 python -m weightformer.bench dit --device cpu --threads 2 --out benchmarks/results/cpu/dit --overwrite
 OMP_NUM_THREADS=2 python -m weightformer.bench dense --device cpu --modes infer --max-call-seconds 45 \
     --out benchmarks/results/cpu/dense --overwrite

@@ -14,7 +14,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from weightformer.bench.results import describe, machine_info
+from weightformer.bench.checks import ALLOCATORS
 from weightformer.bench.subjects import get_subject, prepare, suite
+from weightformer.bench.timing import keep_freed_memory
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="wf-t", choices=list(suite("cls")))
@@ -27,9 +29,12 @@ parser.add_argument("--by-shape", action="store_true", help="group ops by input 
 parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--runtime", default="eager", choices=["eager", "compile"])
 parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
+parser.add_argument("--allocator", default="cached", choices=ALLOCATORS,
+                    help="cached: glibc keeps freed memory, as the sweep times (default); system: glibc's defaults")
 args = parser.parse_args()
 torch.set_num_threads(args.threads)
 machine = machine_info("cpu")
+machine["allocator"] = "keeps freed memory" if args.allocator == "cached" and keep_freed_memory() else "system"
 print(describe(machine))
 print(f"command: {machine['command']}")
 print(f"{args.model} {args.mode} at {args.resolution}², batch {args.batch}, {args.steps} step(s), {args.runtime}, "
