@@ -22,12 +22,13 @@ from weightformer.engine.errors import ConfigError
 from weightformer.engine.metrics import read_metrics
 from weightformer.engine.weights import load_model
 
-FP16_ON_CPU = "--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU"
+FP16_ON_CPU = "amp fp16 needs a GPU (set by --amp or by the recipe's amp: fp16); on the CPU pass --amp bf16 or --amp none"
 FP16_MATCH = re.escape(FP16_ON_CPU)
 # bf16 keeps 8 significant bits (a relative step of 2**-8 = 0.4%); through the 3-block model of these tests
 # the logits move by 0.35-0.5% of their norm (measured), so 3% leaves room and still fails a forward pass
 # that is wrong rather than rounded.
 LOGITS_RTOL = 0.03
+REPO = Path(__file__).resolve().parents[1]
 PROB_ATOL = 0.02  # softmax probabilities of 2 classes, from logits within LOGITS_RTOL
 SCHEDULE = {"epochs": 3, "lr": 0.5}  # 0.5 per 512 is 0.004 at batch 4: the val loss falls from ln 2 to ~0.12
 
@@ -167,6 +168,16 @@ def test_fp16_on_the_cpu_is_one_error_line(command: str, folder: Path, bf16_run:
     assert main([*argv, "--amp", "fp16"]) != 0
     err = capsys.readouterr().err.strip()
     assert err == f"error: {FP16_ON_CPU}", err
+
+
+def test_a_recipe_that_asks_for_fp16_names_itself_on_the_cpu(folder: Path, tmp_path: Path, capsys):
+    # The ImageNet recipe trains in fp16 as the release does; on a CPU the user did not type --amp.
+    recipe = REPO / "configs" / "classification" / "imagenet_weightformer_t.yaml"
+    argv = ["train", "--config", str(recipe), "--data", str(folder), "--output", str(tmp_path / "run"),
+            "--device", "cpu", "--img-size", "16", "--model-kwargs", "patch_size=4", "embed_dim=32", "depth=2"]
+    assert main(argv) != 0
+    assert capsys.readouterr().err.strip() == f"error: {FP16_ON_CPU}"
+    assert not (tmp_path / "run").exists()
 
 
 def _dense_config(task: str, root: Path) -> dict:

@@ -34,6 +34,9 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cuda", int(index) if index else local_rank)
 
 
+FP16_NEEDS_A_GPU = "amp fp16 needs a GPU (set by --amp or by the recipe's amp: fp16); on the CPU pass --amp bf16 or --amp none"
+
+
 def autocast(device: torch.device, amp: str) -> Any:
     """The autocast context for ``amp`` (none, bf16, fp16) on ``device``; fp16 needs a GPU."""
     if amp not in AMP_MODES:
@@ -41,7 +44,7 @@ def autocast(device: torch.device, amp: str) -> Any:
     if amp == "none":
         return nullcontext()
     if amp == "fp16" and device.type != "cuda":
-        raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
+        raise ConfigError(FP16_NEEDS_A_GPU)
     import torch
 
     return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)

@@ -36,7 +36,7 @@ from .config import (NOT_INHERITED, TrainConfig, check_layer, config_fields, loa
 from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, broadcast_buffers, init_distributed,
                           max_over_ranks, shutdown_distributed)
 from .errors import USER_ERRORS, ConfigError, TrainingDivergedError
-from .device import autocast, check_batch_fits
+from .device import FP16_NEEDS_A_GPU, autocast, check_batch_fits
 from .outputs import removed_if_failed, write_atomic
 from .metrics import Progress, append_metrics, format_duration, plot_curves, truncate_metrics
 from .run_dir import check_run_folder, hold_run_folder, start_run_folder
@@ -297,7 +297,7 @@ def _run(cfg: TrainConfig, task: Task, dist_info: DistInfo, stop: StopFlag, resu
          ckpt: Optional[dict[str, Any]]) -> TrainResult:
     output = Path(cfg.output)
     if cfg.amp == "fp16" and dist_info.device.type != "cuda":
-        raise ConfigError("--amp fp16 needs a GPU; use --amp bf16 (or none) on CPU")
+        raise ConfigError(FP16_NEEDS_A_GPU)
     # A run that found no checkpoint under --resume auto may start over the files of one that never saved.
     overwrite = cfg.overwrite or (cfg.resume == "auto" and ckpt is None)
     # A run that never starts leaves no empty folder behind (the main process made it, and removes it).
