@@ -112,6 +112,20 @@ def test_ablation_trains_tabulates_then_skips_finished_runs_and_resumes_unfinish
     assert again["top1_last"] == first["top1_last"]  # nothing retrained: the same evaluated epoch
 
 
+def test_a_table_of_other_rows_moves_the_earlier_table_aside_and_the_same_table_is_rewritten(tmp_path, capsys):
+    path = _grid(tmp_path)
+    runs = tmp_path / "runs"
+    assert main(["ablate", path]) == 0
+    both = (runs / "table.json").read_text()
+    assert main(["ablate", path, "--only", "released"]) == 0  # finished runs: nothing trained, a smaller table
+    assert "moved to table.json.previous-" in capsys.readouterr().out
+    (aside,) = runs.glob("table.json.previous-*")
+    assert aside.read_text() == both and len(list(runs.glob("table.md.previous-*"))) == 1
+    assert [r["variant"] for r in json.loads((runs / "table.json").read_text())["rows"]] == ["released"]
+    assert main(["ablate", path, "--only", "released"]) == 0  # the same table again: nothing moved
+    assert "moved to" not in capsys.readouterr().out and len(list(runs.glob("table.json.previous-*"))) == 1
+
+
 def test_ablation_config_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("variants: {a: {output: x}}\n")

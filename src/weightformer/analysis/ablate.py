@@ -432,11 +432,28 @@ def _run_grid(config: AblationConfig, only: Sequence[str] | None, rerun_changed:
     command += f" --only {' '.join(only)}" if only else ""
     header = (f"# ablation {config.name}\n\ncommand: `{command}`\n\n"
               f"recipe: `{json.dumps(config.recipe)}`, seeds {config.seeds}\n\n")
+    table = json_text({"name": config.name, "recipe": config.recipe, "seeds": config.seeds, "rows": rows}, indent=2)
+    _move_aside_a_different_table(config.output, table + "\n")
     write_atomic(config.output / "table.md", header + format_table(rows) + "\n")
-    write_atomic(config.output / "table.json", json_text(
-        {"name": config.name, "recipe": config.recipe, "seeds": config.seeds, "rows": rows}, indent=2) + "\n")
+    write_atomic(config.output / "table.json", table + "\n")
     plot_table(rows, config.output / "table.png", config.name)
     return rows
+
+
+TABLE_FILES = ("table.md", "table.json", "table.png")
+
+
+def _move_aside_a_different_table(folder: Path, table_json: str) -> None:
+    """A table of other rows (another --only or --seeds, or runs trained since) moves to
+    ``<name>.previous-<time>`` with its markdown and plot, never overwritten; the same table is rewritten."""
+    from ..engine.outputs import move_aside
+
+    old = folder / "table.json"
+    if not old.exists() or old.read_text() == table_json:
+        return
+    for name in TABLE_FILES:
+        if (folder / name).exists():
+            print(f"an earlier table of other rows: {name} moved to {move_aside(folder / name).name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
