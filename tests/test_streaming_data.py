@@ -25,6 +25,7 @@ from weightformer.classification.evaluate import evaluate_checkpoint
 from weightformer.classification.predict import predict
 from weightformer.classification.recipes import choose_recipe
 from weightformer.data import DataError, SkippedImagesWarning, open_dataset
+from weightformer.data.hf import HFImageDataset
 from weightformer.data.sampler import split_loader, split_sampler
 from weightformer.data.shards import tar_members
 from weightformer.engine import train
@@ -206,6 +207,20 @@ def test_hugging_face_columns_and_splits_by_flag_and_parquet_files(tmp_path: Pat
     info, splits = open_dataset("parquet", columns=("picture", "kind"))
     assert info.num_classes == 3 and len(splits["train"]) == 18 and len(splits["val"]) == 6
     assert (tmp_path / "cache" / "parquet").is_dir()
+
+
+def test_an_image_folder_with_a_parquet_file_beside_it_is_read_as_an_image_folder(tmp_path: Path):
+    root = tmp_path / "folder"
+    for split, count in (("train", 4), ("val", 2)):
+        for label in ("cat", "dog"):
+            (root / split / label).mkdir(parents=True)
+            for i in range(count):
+                (root / split / label / f"{i}.png").write_bytes(encoded(i, 0))
+    features = datasets.Dataset.from_dict({"path": ["train/cat/0.png"], "embedding": [[0.5, 0.25]]})
+    features.to_parquet(str(root / "features.parquet"))  # e.g. a table of embeddings exported beside the images
+    info, splits = open_dataset(str(root))
+    assert info.classes == ("cat", "dog") and len(splits["train"]) == 8 and len(splits["val"]) == 4
+    assert not any(isinstance(split, HFImageDataset) for split in splits.values())
 
 
 def test_bad_shards_are_one_warning_line_with_counts(tmp_path: Path):

@@ -26,13 +26,16 @@ OTHER_NAMES = {"val": "validation", "validation": "val"}  # the two names a vali
 
 def is_hf_data(root: Path) -> bool:
     """Whether ``root`` holds a saved ``DatasetDict``, or parquet/arrow files in it or its subfolders (``data/``,
-    ``train/``, ...; not deeper, so that an ImageFolder tree is not walked)."""
+    ``train/``, ...; not deeper). A tree with class folders inside its subfolders is an ImageFolder, whatever
+    parquet file lies beside it (a feature table, an export)."""
     if (root / "dataset_dict.json").is_file():
         return True
     if not root.is_dir():
         return False
-    return any(name.endswith(DATA_FILES) for folder in [root, *_listing(root, folders=True)]
-               for name in _listing(folder))
+    folders = [f for f in _listing(root, folders=True) if not Path(f).name.startswith(".")]  # .cache/, .git/
+    if any(not Path(f).name.startswith(".") for folder in folders for f in _listing(folder, folders=True)):
+        return False  # split/class/ folders: an ImageFolder tree
+    return any(name.endswith(DATA_FILES) for folder in [root, *folders] for name in _listing(folder))
 
 
 def _listing(folder: str | Path, folders: bool = False) -> list[str]:
