@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import memory
-from .checks import (ALLOCATORS, DTYPES, MEASUREMENTS, MODES, PATCH, RUNTIMES, SWEEP_FILES, check_choices, check_device,
-                     check_models, check_number, check_resolution)
+from .checks import (ALLOCATORS, DTYPES, MEASUREMENTS, MODES, PATCH, RUNTIMES, SWEEP_FILES, check_choices,
+                     check_device, check_models, check_number, check_resolution)
 from .flops import count_flops
 from .journal import Journal, Key
 from .memory import guarded, release

@@ -61,8 +61,8 @@ def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed memory in the process for reuse, as jemalloc and tcmalloc do (PyTorch's
     CPU tuning guide preloads one of them). By default glibc hands large freed blocks back to the kernel, so the
     next call faults its pages in again: on a 2-core VM 15,000-100,000 faults per 224² WeightFormer-S or DeiT-S
-    forward, varying with the process's history by ±5% of the time. For the rest of the process; False where the
-    C library is not glibc (nothing changed)."""
+    forward, a number that changes with what ran before in the process and moves a model's time by up to 5%.
+    For the rest of the process; False where the C library is not glibc (nothing changed)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL("libc.so.6")
