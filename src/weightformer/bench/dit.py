@@ -186,8 +186,12 @@ def _memory_cell(row: dict[str, Any]) -> str:
 
 
 def _ratio(numerator: dict[str, Any], denominator: dict[str, Any], key: str) -> str:
+    """``numerator[key] / denominator[key]``; for seconds timed side by side, the median of each round's ratio."""
     if key in numerator and key in denominator and numerator["status"] == denominator["status"] == OK \
             and denominator[key] > 0:
+        rounds, base_rounds = numerator.get("samples_s") or [], denominator.get("samples_s") or []
+        if key == "seconds" and rounds and len(rounds) == len(base_rounds):
+            return f"{timing.paired_ratio(rounds, base_rounds):.2f}x"
         return f"{numerator[key] / denominator[key]:.2f}x"
     return "-"
 
