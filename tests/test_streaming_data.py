@@ -319,6 +319,28 @@ def test_odd_shards_and_labels_are_one_line(tmp_path: Path):
         open_dataset(str(root), warn=False)
 
 
+def test_compressed_shards_are_one_error_until_decompressed(tmp_path: Path):
+    """webdataset streams .tar.gz shards; this reader reads samples at their offsets, so a compressed shard is
+    one error naming the fix (as a folder's member and as a pattern), and once decompressed beside it
+    (``gunzip -k``), the .tar is read and the .tar.gz ignored."""
+    import gzip
+    import shutil
+
+    root = make_shard_tree(tmp_path / "shards", [6, 4], [3])
+    shard = root / "train" / "shard-000001.tar"
+    with open(shard, "rb") as raw, gzip.open(f"{shard}.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    shard.unlink()
+    with pytest.raises(DataError, match=r"1 shard\(s\) are compressed \(first: .*shard-000001.tar.gz\).*gunzip -k"):
+        open_dataset(str(root), warn=False)
+    with pytest.raises(DataError, match="are compressed"):
+        open_dataset(str(root), split_names={"train": "train/shard-{000001..000001}.tar.gz"}, warn=False)
+    with gzip.open(f"{shard}.gz", "rb") as packed, open(shard, "wb") as raw:
+        shutil.copyfileobj(packed, raw)
+    info, splits = open_dataset(str(root), warn=False)
+    assert len(splits["train"]) == 10
+
+
 @pytest.mark.parametrize("labels", [["a", "b"], [0.5, 1.0]])
 def test_hugging_face_labels_that_are_not_class_indices_are_one_error(tmp_path: Path, labels: list):
     data = datasets.Dataset.from_dict({"image": [{"bytes": encoded(i, 0), "path": None} for i in range(2)],

@@ -41,21 +41,44 @@ BLOCK = 512  # a tar block
 OPEN_SHARDS = 16  # shard files a loader worker keeps open
 
 
+# Compressed shards (webdataset streams them) cannot be read here: a sample is read at its offset in the file,
+# and a compressed tar has no offsets short of decompressing it from the start. Their JPEG and PNG members are
+# compressed already, so decompressing a shard costs about nothing in disk.
+COMPRESSED_SHARDS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def _is_shard_name(name: str) -> bool:
+    return name.endswith((".tar",) + COMPRESSED_SHARDS)
+
+
 def is_shard_split(root: Path, split: str) -> bool:
-    """Whether ``split`` names tar shards: a brace pattern or ``.tar`` path, or a folder of ``root`` holding them."""
-    if "{" in split or split.endswith(".tar"):
+    """Whether ``split`` names tar shards: a brace pattern or ``.tar`` path, or a folder of ``root`` holding them
+    (compressed ones included, which :func:`shard_files` refuses with the fix)."""
+    if "{" in split or _is_shard_name(split):
         return True
     try:
-        return any(name.endswith(".tar") for name in os.listdir(root / split))
+        return any(_is_shard_name(name) for name in os.listdir(root / split))
     except OSError:  # not a folder, or one that cannot be listed: the folder reader says which
         return False
+
+
+def _refuse_compressed(files: list[str]) -> None:
+    """Refuse the compressed shards among ``files`` that have no decompressed twin (``x.tar.gz`` beside ``x.tar``)."""
+    present = set(files)
+    compressed = [name for name in files if name.endswith(COMPRESSED_SHARDS)
+                  and name[: -len(next(e for e in COMPRESSED_SHARDS if name.endswith(e)))] + ".tar" not in present]
+    if compressed:
+        raise DataError(f"{len(compressed)} shard(s) are compressed (first: {compressed[0]}); samples are read "
+                        f"at their offsets, which a compressed tar does not have: decompress them (e.g. "
+                        f"'gunzip -k SHARD.tar.gz', 'xz -dk', 'zstd -d'; the images inside are compressed "
+                        f"already) and point the split at the .tar files")
 
 
 def shard_files(root: Path, split: str) -> list[str]:
     """The tar files of ``split`` (relative to ``root``): its brace pattern expanded, or the folder's, sorted."""
     from webdataset.shardlists import expand_urls
 
-    if "{" in split or split.endswith(".tar"):
+    if "{" in split or _is_shard_name(split):
         try:
             files = [str(root / name) for name in expand_urls(split)]
         except ValueError as exc:  # braceexpand's unbalanced braces
@@ -65,16 +88,18 @@ def shard_files(root: Path, split: str) -> list[str]:
         if missing:
             raise DataError(f"{len(missing)} of the {len(files)} shards of {split!r} do not exist (first: "
                             f"{missing[0]}); fix the pattern (relative to {root}) or add the shards")
+        _refuse_compressed(files)
         return files
     try:
         names = os.listdir(root / split)
     except OSError as exc:
         raise DataError(f"cannot list split {split} of {root} ({exc.strerror}); put its .tar shards in {root / split} "
                         f"or name the split with its flag") from None
-    folders = [n for n in names if not n.startswith(".") and not n.endswith(".tar") and (root / split / n).is_dir()]
-    if folders and any(name.endswith(".tar") for name in names):
+    folders = [n for n in names if not n.startswith(".") and not _is_shard_name(n) and (root / split / n).is_dir()]
+    if folders and any(_is_shard_name(name) for name in names):
         raise DataError(f"{root / split} holds both .tar shards and folders ({', '.join(sorted(folders)[:SKIPPED_SHOWN])}"
                         f"); keep a split's shards and an ImageFolder's class folders apart")
+    _refuse_compressed([str(root / split / name) for name in sorted(names)])
     return sorted(str(root / split / name) for name in names if name.endswith(".tar"))
 
 
