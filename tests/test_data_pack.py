@@ -243,3 +243,33 @@ def test_a_pack_that_cannot_write_and_odd_packs_are_one_line(tmp_path: Path, cap
     (out / INFO_FILE).write_text(json.dumps({**info, "format": "weightformer-pack-2", "splits": []}))
     assert main(["data", "verify", str(out)]) == 2
     assert "is a pack of format weightformer-pack-2; this version reads" in capsys.readouterr().err
+
+
+def test_a_folder_that_refuses_writes_mid_pack_is_one_line_and_the_pack_resumes(tmp_path: Path, capsys,
+                                                                               monkeypatch):
+    """Permission taken away after OUT was checked (a folder another user locks, an ACL): the shards written so
+    far stay, the command prints one line (exit 2, the user's to fix, no traceback) and a rerun finishes."""
+    import errno
+    import tempfile
+
+    from weightformer import atomic
+
+    src = make_image_folder(tmp_path / "src", train_per_class=5, val_per_class=1, size=8)
+    out = tmp_path / "out"
+    real, calls = tempfile.mkstemp, []
+
+    def denied_after_two_shards(*args, **kwargs):
+        calls.append(kwargs.get("dir"))
+        if len([d for d in calls if Path(d).name == "train"]) > 2:
+            raise PermissionError(errno.EACCES, "Permission denied", str(kwargs["dir"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", denied_after_two_shards)
+    assert main(["data", "pack", str(src), str(out), "--shard-size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"error: cannot use {out / 'train'}: Permission denied; pass a path you may read "
+                                f"and write, or change its permissions"]
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["train-000000.tar", "train-000001.tar"]
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", real)
+    assert main(["data", "pack", str(src), str(out), "--shard-size", "3"]) == 0
+    assert main(["data", "verify", str(out)]) == 0

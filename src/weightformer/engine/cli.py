@@ -1,6 +1,7 @@
 """The command line of every task: ``train`` has one flag per setting of its config class that has help (the rest
 through ``--set name=value``), each ``(default: ...)`` read off the recipes; the others come from its :class:`TaskCLI`.
-Exit codes: 0 done; 2 a user's mistake (one ``error:`` line); 1 out of memory, a full disk, the file-size limit, a
+Exit codes: 0 done; 2 a user's mistake (one ``error:`` line; a path the user may not read or write among them);
+1 out of memory, a full disk, the file-size limit, a
 name too long, non-finite outputs or a diverged loss (one line), or a bug (its traceback); 130 / 143 a run stopped by SIGINT / SIGTERM,
 checkpoint saved; a task's command may add its own."""
 
@@ -19,7 +20,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from .commands import Command, TaskCLI
 from .config import config_fields, given_item, parse_model_kwargs
-from .errors import USER_ERRORS, ConfigError, NonFiniteError, ResourceError, is_out_of_memory, resource_error
+from .errors import (USER_ERRORS, ConfigError, NonFiniteError, ResourceError, is_out_of_memory, permission_error,
+                     resource_error)
 from .metrics import json_text
 from .outputs import check_output, output_file
 
@@ -234,6 +236,10 @@ def run_reporting_errors(command: Callable[[], int], hint_grad_checkpointing: bo
         if found is not None:  # a full disk, the file-size limit, a name too long: the machine's, not a bug
             print(f"error: {one_line(found)}", file=sys.stderr)
             return 1
+        denied = permission_error(exc)
+        if denied is not None:  # a folder of someone else's: the user's
+            print(f"error: {one_line(denied)}", file=sys.stderr)
+            return 2
         traceback.print_exc()
         print(f"\n{BUG_REPORT}", file=sys.stderr)
         return 1

@@ -15,7 +15,8 @@ from ..checkpoint import CheckpointError
 from ..data.errors import DataError
 
 __all__ = ["ConfigError", "NonFiniteError", "ResourceError", "TrainingDivergedError", "USER_ERRORS", "brief",
-           "is_out_of_memory", "is_signature_error", "model_arguments_checked", "resource_error"]
+           "is_out_of_memory", "is_signature_error", "model_arguments_checked", "permission_error",
+           "resource_error"]
 
 
 class ConfigError(ValueError):
@@ -105,6 +106,20 @@ def resource_error(exc: BaseException, path: "str | os.PathLike | None" = None,
     error = ResourceError(f"{what}: {_CAUSES[code]}{f' ({detail})' if detail else ''}")
     error.errno, error.filename = code, str(path)
     return error
+
+
+def permission_error(exc: BaseException) -> Optional[ConfigError]:
+    """The user's error behind ``exc`` when it, or an exception behind it, is a file the user may not read or
+    write (EACCES, EPERM): a path of someone else's, chosen by a flag, not the machine's failing."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM):
+            where = f"cannot use {exc.filename}" if exc.filename else "a file could not be used"
+            return ConfigError(f"{where}: {exc.strerror or 'permission denied'}; pass a path you may read and "
+                               f"write, or change its permissions")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
