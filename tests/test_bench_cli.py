@@ -424,3 +424,22 @@ def test_a_run_that_fails_before_writing_leaves_no_empty_folder(command, tmp_pat
     assert main(["bench", *_bench(command, "--out", str(out))]) == 1
     assert "a failure inside the measurements" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.parametrize("allocator", ["cached", "system"])
+def test_every_suite_times_under_the_allocator_policy_and_says_which(allocator, tmp_path):
+    """--allocator is one flag of every suite (the sweep's, dense's, dit's, export's), applied before any timing
+    and written on the machine line; a fresh process each, since the policy lasts for the process."""
+    from weightformer.bench.cli import SUITES
+
+    out = tmp_path / "dense"
+    run = subprocess.run([sys.executable, "-m", "weightformer", "bench", *_bench("dense"), "--out", str(out),
+                          "--allocator", allocator, "--repetitions", "1"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    said = {"cached": "keeps freed memory", "system": "system"}[allocator]
+    assert json.loads((out / "results.json").read_text())["machine"]["allocator"] == said
+    assert f"malloc {said};" in (out / "results.md").read_text()
+    for suite in ("dit", "export"):
+        parsed = SUITES[suite][2]().parse_args(["--allocator", allocator])
+        assert parsed.allocator == allocator

@@ -119,8 +119,18 @@ def parse_batches(text: str) -> Tuple[Dict[int, int], int]:
     return per_res, defaults[0] if defaults else 1
 
 
+def _allocator(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allocator", choices=ALLOCATORS, default="cached",
+        help="cached: glibc's malloc keeps freed memory in the timing process, as jemalloc and tcmalloc do, so no "
+             "call faults in pages that an earlier call handed back (by default glibc returns large blocks to the "
+             "kernel; on a 2-core VM that moves 224 px ratios by up to 5%%); system: glibc's defaults. Memory is "
+             "measured in fresh processes with the defaults either way (default: %(default)s)")
+
+
 def _common(parser: argparse.ArgumentParser, files: Sequence[str], default_out: str, threads: bool = True) -> None:
     add = parser.add_argument
+    _allocator(parser)
     add("--device", default="auto", help=DEVICE_HELP)
     if threads:
         add("--threads", type=number(1, integer=True), default=None, help="torch CPU threads (default: torch's choice)")
@@ -175,11 +185,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runtimes, comma-separated: eager, compile (torch.compile with Inductor and dynamic shapes, as "
              "`train --compile`; its first call, compilation included, is reported apart); each model is timed "
              "in each (default: eager)")
-    add("--allocator", choices=ALLOCATORS, default="cached",
-        help="cached: glibc's malloc keeps freed memory in the timing process, as jemalloc and tcmalloc do, so no "
-             "call faults in pages that an earlier call handed back (by default glibc returns large blocks to the "
-             "kernel; on a 2-core VM that moves 224 px ratios by up to 5%%); system: glibc's defaults. Memory is "
-             "measured in fresh processes with the defaults either way (default: %(default)s)")
     _common(parser, (*SWEEP_FILES, JOURNAL_NAME), "")
     add("--resume", action="store_true",
         help=f"take the points already in --out/{JOURNAL_NAME} (same settings only) and measure the rest")
@@ -324,6 +329,7 @@ def export_parser() -> argparse.ArgumentParser:
     add("--threads", type=number(1, integer=True), default=1, help="threads of every runtime (default: %(default)s)")
     add("--out", type=Path, default=Path("benchmarks/results/cpu/export"), help="output folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="move runtimes.json and runtimes.md already in --out aside")
+    _allocator(parser)
     return parser
 
 
@@ -345,6 +351,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         def run_suite() -> int:
             from importlib import import_module
 
+            from .timing import keep_freed_memory
+
+            if args.allocator == "cached":  # every suite times under the sweep's policy
+                keep_freed_memory()
             return import_module(module).run_command(args, command)
 
         return run_reporting_errors(run_suite)

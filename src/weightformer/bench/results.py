@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..engine.metrics import json_text
 from ..engine.outputs import claim_outputs, write_atomic
+from .timing import allocator_policy
 from ..engine.run_dir import check_writable_file, check_writable_folder
 
 
@@ -70,7 +71,7 @@ def machine_info(device: str = "cpu", command: Optional[str] = None) -> Dict[str
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads(),
         "load_average": load, "command": command_line() if command is None else command, "device": device,
-        "gpu": None,
+        "gpu": None, "allocator": allocator_policy(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(device))

@@ -347,8 +347,9 @@ class Sweep:
 
     def _run(self) -> Dict[str, Any]:
         cfg = self.config
+        if cfg.allocator == "cached":
+            keep_freed_memory()
         machine = machine_info(cfg.device, self.command)  # at the start: the load average the sweep began under
-        machine["allocator"] = "keeps freed memory" if cfg.allocator == "cached" and keep_freed_memory() else "system"
         start = time.perf_counter()
         variants = cfg.variants()
         subjects = list({v.subject.name: v.subject for v in variants}.values())

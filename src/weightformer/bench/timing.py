@@ -57,6 +57,14 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _NEVER_TRIM, _MMAP_ABOVE = 2**31 - 1, 2**30
 
 
+_KEPT: list[bool] = []  # whether keep_freed_memory() changed this process's malloc
+
+
+def allocator_policy() -> str:
+    """What this process's malloc does with freed memory, for a result's machine line."""
+    return "keeps freed memory" if _KEPT else "system"
+
+
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed memory in the process for reuse, as jemalloc and tcmalloc do (PyTorch's
     CPU tuning guide preloads one of them). By default glibc hands large freed blocks back to the kernel, so the
@@ -66,7 +74,10 @@ def keep_freed_memory() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL("libc.so.6")
-    return bool(libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)) and bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_ABOVE))
+    kept = bool(libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)) and bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_ABOVE))
+    if kept and not _KEPT:
+        _KEPT.append(True)
+    return kept
 
 
 def median(values: Sequence[float]) -> float:

@@ -16,7 +16,7 @@ import warnings
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -29,7 +29,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ..checkpoint import CheckpointError, save_atomic
-from ..data import ResumableSampler, ShardStream
 from ..data.sampler import split_loader, split_sampler
 from .config import (NOT_INHERITED, TrainConfig, check_layer, config_fields, load_config_file, resolve_config,
                      scaled_learning_rates, validate_config)
@@ -44,6 +43,9 @@ from .recipes import RESUMED, Recipe, RecipeChoice
 from .registry import get_task
 from .task import Task, TaskData
 from .weights import CHECKPOINT_FORMAT, checkpoint_task, load_weights, read_checkpoint
+
+if TYPE_CHECKING:
+    from ..data import ResumableSampler, ShardStream
 
 __all__ = ["PreparedRun", "StopFlag", "TrainResult", "prepare_config", "train"]
 
