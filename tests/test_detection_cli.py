@@ -85,6 +85,9 @@ def test_eval_prints_the_metrics_and_writes_json(trained: Path, tmp_path: Path, 
     assert result["images"] == SMALL_SPLITS["val"]
     for name in ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP", "segm_mAP_50"):
         assert 0.0 <= result[name] <= 100.0 and name in out
+    for kind in ("bbox", "segm"):  # each category's AP, named, under the means
+        assert set(result[f"{kind}_AP_per_category"]) == {"circle", "square", "triangle"}
+        assert f"{kind} AP per category: circle " in out
     # the same weights score the same as at the end of training
     assert result["bbox_mAP"] == pytest.approx(read_metrics(trained / "metrics.jsonl")[-1]["val_bbox_mAP"], abs=1e-3)
     assert len(list((tmp_path / "drawn").glob("*.png"))) == 1

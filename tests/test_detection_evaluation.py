@@ -59,6 +59,37 @@ def test_no_detections_score_zero_and_no_ground_truth_is_nan(dataset):
     assert math.isnan(negative_only.compute()["segm_mAP"])
 
 
+def test_each_category_ap_is_cocoevals_summary_of_that_category_alone(dataset):
+    """Per-category AP (what det eval prints under the means) against pycocotools run on one category at a time;
+    their mean is the mAP, and a category missed entirely scores 0, not the mean of the others."""
+    import contextlib
+    import io
+
+    from pycocotools.cocoeval import COCOeval
+
+    ids, predictions = ground_truth_as_predictions(dataset, shift=3.0)
+    evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
+    evaluator.update(ids, predictions)
+    metrics = evaluator.compute()
+    records = [r for image in evaluator.detections.values() for r in image]
+    for iou_type in ("bbox", "segm"):
+        dropped = "segmentation" if iou_type == "bbox" else "bbox"
+        for category in dataset.coco.loadCats(dataset.coco.getCatIds()):
+            with contextlib.redirect_stdout(io.StringIO()):
+                alone = COCOeval(dataset.coco, dataset.coco.loadRes([{k: v for k, v in r.items() if k != dropped}
+                                                                     for r in records]), iou_type)
+                alone.params.catIds, alone.params.imgIds = [category["id"]], sorted(evaluator.detections)
+                alone.evaluate(), alone.accumulate(), alone.summarize()
+            assert evaluator.per_category[iou_type][category["name"]] == pytest.approx(100 * alone.stats[0], abs=1e-3)
+        per_category = evaluator.per_category[iou_type].values()
+        assert sum(per_category) / len(per_category) == pytest.approx(metrics[f"{iou_type}_mAP"], abs=1e-3)
+    squares_only = [{k: v[p["labels"] == 1] for k, v in p.items()} for p in predictions]  # label 1 is category 3
+    evaluator = CocoEvaluator(dataset.coco, dataset.category_ids)
+    evaluator.update(ids, squares_only)
+    evaluator.compute()
+    assert evaluator.per_category["bbox"]["block"] == 0.0 and evaluator.per_category["bbox"]["square"] > 0
+
+
 def test_merging_rank_shards_equals_one_process(dataset):
     ids, predictions = ground_truth_as_predictions(dataset, shift=3.0)
     whole = CocoEvaluator(dataset.coco, dataset.category_ids)

@@ -33,10 +33,11 @@ from .data import CocoDetection, collate
 from .layout import data_root, find_split, split_files
 from .visualize import save_visualizations, visualization_paths
 
-__all__ = ["METRIC_NAMES", "CocoEvaluator", "evaluate", "evaluate_checkpoint", "format_eval", "val_dataset"]
+__all__ = ["METRIC_NAMES", "PER_CATEGORY", "CocoEvaluator", "evaluate", "evaluate_checkpoint", "format_eval", "val_dataset"]
 
 STATS = {"mAP": 0, "mAP_50": 1, "mAP_75": 2}  # index in COCOeval's stats: AP@[.5:.95], AP@.5, AP@.75, ...
 METRIC_NAMES = ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP", "segm_mAP_50")
+PER_CATEGORY = ("bbox_AP_per_category", "segm_AP_per_category")  # category name -> AP@[.5:.95], percent
 
 
 class CocoEvaluator:
@@ -46,6 +47,7 @@ class CocoEvaluator:
     def __init__(self, coco_gt: COCO, category_ids: Sequence[Optional[int]], mask_threshold: float = 0.5):
         self.coco_gt, self.category_ids, self.mask_threshold = coco_gt, list(category_ids), mask_threshold
         self.detections: dict[int, list[dict[str, Any]]] = {}  # image id -> its COCO result records
+        self.per_category: dict[str, dict[str, Optional[float]]] = {}  # iou type -> category name -> AP, by compute
 
     def update(self, image_ids: Iterable[int | Tensor], predictions: Iterable[Mapping[str, Tensor]]) -> None:
         """Add one batch: each image's id and its prediction (boxes xyxy, scores, labels, masks (N, 1, H, W))."""
@@ -66,7 +68,8 @@ class CocoEvaluator:
             self.detections.update(detections)
 
     def compute(self) -> dict[str, float]:
-        """The metrics of :data:`METRIC_NAMES` (percent) over the images added so far, and their count."""
+        """The metrics of :data:`METRIC_NAMES` (percent) over the images added so far, and their count; each
+        category's AP@[.5:.95] goes to :attr:`per_category`."""
         records = [r for image in self.detections.values() for r in image]
         metrics: dict[str, float] = {}
         for iou_type, names in (("bbox", ("mAP", "mAP_50", "mAP_75")), ("segm", ("mAP", "mAP_50"))):
@@ -82,14 +85,29 @@ class CocoEvaluator:
         image_ids = sorted(self.detections)
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress and the summary table
             if not results:  # loadRes rejects an empty list: no detections score AP 0 wherever there is ground truth
-                has_gt = any(self.coco_gt.getAnnIds(imgIds=image_ids, iscrowd=False))
-                return [0.0 if has_gt else math.nan] * 12
+                scored = {a["category_id"] for a in self.coco_gt.loadAnns(self.coco_gt.getAnnIds(imgIds=image_ids,
+                                                                                                 iscrowd=False))}
+                self.per_category[iou_type] = {c["name"]: 0.0 if c["id"] in scored else None
+                                               for c in self.coco_gt.loadCats(self.coco_gt.getCatIds())}
+                return [0.0 if scored else math.nan] * 12
             evaluation = COCOeval(self.coco_gt, self.coco_gt.loadRes(results), iou_type)
             evaluation.params.imgIds = image_ids
             evaluation.evaluate()
             evaluation.accumulate()
             evaluation.summarize()
+        self.per_category[iou_type] = self._category_ap(evaluation)
         return [100.0 * float(s) if s >= 0 else math.nan for s in evaluation.stats]
+
+    def _category_ap(self, evaluation: COCOeval) -> dict[str, Optional[float]]:
+        """Each category's AP@[.5:.95] in percent, as COCOeval's summary averages it (all areas, 100
+        detections an image); None for a category with no ground truth among the images."""
+        precision = evaluation.eval["precision"]  # (IoU thresholds, recall points, categories, areas, max dets)
+        out: dict[str, Optional[float]] = {}
+        for k, category in enumerate(evaluation.params.catIds):
+            values = precision[:, :, k, 0, -1]
+            values = values[values > -1]  # -1: no ground truth of this category
+            out[self.coco_gt.cats[category]["name"]] = round(100.0 * float(values.mean()), 4) if values.size else None
+        return out
 
 
 @torch.no_grad()
@@ -120,7 +138,9 @@ def evaluate(model: nn.Module, loader: DataLoader, dataset: CocoDetection, devic
         gathered = all_gather_objects(evaluator.detections, dist_info)
         evaluator.detections = {}
         evaluator.merge(gathered)
-    return evaluator.compute()
+    metrics: dict[str, Any] = evaluator.compute()
+    metrics.update({f"{iou_type}_AP_per_category": aps for iou_type, aps in evaluator.per_category.items()})
+    return metrics
 
 
 def val_dataset(data: str, split: Optional[str] = None, run_split: Optional[str] = None) -> CocoDetection:
@@ -188,6 +208,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: Optional[str] = Non
         result: dict[str, Any] = {"checkpoint": str(checkpoint), "data": data or meta["data"], "split": dataset.split,
                                   "ema": use_ema, "images": int(metrics["num_images"])}
         result.update({name: None if math.isnan(metrics[name]) else round(metrics[name], 4) for name in METRIC_NAMES})
+        result.update({key: metrics[key] for key in PER_CATEGORY})
         if visualize and dist_info.is_main:
             paths = save_visualizations(loaded.model, dataset, drawn, visualize, ["__background__", *meta["classes"]],
                                         dist_info.device)
@@ -201,4 +222,9 @@ def format_eval(result: Mapping[str, Any]) -> str:
     """The text report of :func:`evaluate_checkpoint`: the metrics on one line."""
     metrics = ", ".join(f"{name} {'n/a' if result[name] is None else format(result[name], '.2f')}"
                         for name in METRIC_NAMES)
-    return f"{metrics} ({result['images']} images of {result['split']})"
+    lines = [f"{metrics} ({result['images']} images of {result['split']})"]
+    for key in PER_CATEGORY:
+        if result.get(key):
+            aps = ", ".join(f"{name} {'n/a' if ap is None else format(ap, '.2f')}" for name, ap in result[key].items())
+            lines.append(f"{key.split('_')[0]} AP per category: {aps}")
+    return "\n".join(lines)
