@@ -66,6 +66,10 @@ def test_probe_at_keeps_the_other_options():
     assert probe_at("glyph_match:glyphs=2,size=64,val=10", 128, 2) == "glyph_match:glyphs=2,val=10,size=128,scale=2"
     with pytest.raises(DataError, match="cannot draw"):
         probe_at("glyph_match", 32, 4)
+    # A range of glyph cells (varied glyph sizes) is carried to the larger canvas as it was written.
+    ranged = "mirror_match:size=64,scale=2-3,background=clutter"
+    assert glyph_scale(ranged) == (2, 3)
+    assert probe_at(ranged, 128, glyph_scale(ranged)) == "mirror_match:background=clutter,size=128,scale=2-3"
 
 
 @pytest.mark.parametrize("layout", ["between", "around"])

@@ -22,8 +22,9 @@ __all__ = ["LAYOUTS", "checkpoint_probe", "diagnose_checkpoint", "glyph_scale", 
 LAYOUTS = ("between", "around")
 
 
-def glyph_scale(data: str) -> int:
-    """The glyph cell (stroke width) in pixels of a probe data name: its ``scale`` option, or the one its size implies."""
+def glyph_scale(data: str) -> int | tuple[int, int]:
+    """The glyph cell (stroke width) in pixels of a probe data name: its ``scale`` option (a range (lo, hi) for
+    ``scale=LO-HI``), or the one its size implies."""
     from ..data.builtin import probe_spec
     from ..data.probes import default_scale
 
@@ -37,13 +38,13 @@ def _with_options(name: str, **options: Any) -> str:
     return f"{name.partition(':')[0]}:{','.join([*kept, *(f'{k}={v}' for k, v in options.items())])}"
 
 
-def probe_at(data: str, size: int, scale: int) -> str:
-    """``data`` (a probe name with options) redrawn at ``size`` px with glyph cell ``scale``, other options
-    kept: ``probe_at("glyph_match:glyphs=2", 128, 2) == "glyph_match:glyphs=2,size=128,scale=2"``.
+def probe_at(data: str, size: int, scale: int | tuple[int, int]) -> str:
+    """``data`` (a probe name with options) redrawn at ``size`` px with glyph cell ``scale`` (or range (lo, hi)),
+    other options kept: ``probe_at("glyph_match:glyphs=2", 128, 2) == "glyph_match:glyphs=2,size=128,scale=2"``.
     DataError (one line) when the probe cannot draw there."""
     from ..data.builtin import probe_spec
 
-    name = _with_options(data, size=size, scale=scale)
+    name = _with_options(data, size=size, scale=f"{scale[0]}-{scale[1]}" if isinstance(scale, tuple) else scale)
     probe_spec(name)  # validates, naming what cannot be drawn
     return name
 

@@ -19,8 +19,9 @@ class ClassificationConfig(LongRangeConfig):
 
     data: str = setting("mnist", help="an ImageFolder tree with train/ and val/ (class folders in each), webdataset "
                                       "tar shards in train/ and val/, a Hugging Face data set (save_to_disk, or "
-                                      "parquet/arrow files), or a built-in data set: mnist, glyph_match, glyph_count, "
-                                      "path_link")
+                                      "parquet/arrow files), or a built-in data set: mnist, or a long-range probe "
+                                      "(docs/probes.md: glyph_match, glyph_xor, count_compare, path_link, "
+                                      "mirror_match, scale_match, glyph_count; options after a colon)")
     train_split: str = setting("train", help="the training split: a folder of --data, a brace pattern of its tar "
                                              "shards such as 'train/shard-{000000..000099}.tar', or a Hugging Face "
                                              "split")

