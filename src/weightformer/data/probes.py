@@ -299,22 +299,34 @@ def _pair_image(rng: np.random.Generator, nuisance: _Nuisance, image: np.ndarray
     nuisance.paint(image, nuisance.hi)
 
 
+# One pair's left glyph, right glyph and their scales, from the kinds ``first`` and ``second`` (the same for label 1).
+PairDrawing = Callable[[np.random.Generator, "_Nuisance", int, int], tuple[np.ndarray, np.ndarray, tuple[int, int]]]
+
+
+def _pair_relation(probe: str, stream: int, num: int, size: int, seed: int, scale: Scale, background: str,
+                   distractors: int, kinds: int, drawing: PairDrawing) -> tuple[np.ndarray, np.ndarray]:
+    """A pair relation's images and labels: per image a kind, the same or another one by the label, and the two
+    glyphs ``drawing`` makes of them at the two side edges."""
+    check_canvas(probe, size, scale, distractors=distractors, background=background)
+    rng = np.random.default_rng([seed, stream])
+    nuisance = _Nuisance.of(seed, stream, size, scale, distractors, background)
+    images = np.zeros((num, size, size), np.uint8)
+    labels = _balanced(rng, num)
+    for i in range(num):
+        first = int(rng.integers(kinds))
+        second = first if labels[i] else int((first + rng.integers(1, kinds)) % kinds)
+        _pair_image(rng, nuisance, images[i], *drawing(rng, nuisance, first, second))
+    return images, labels
+
+
 def glyph_match(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, scale: Scale = None, *,
                 background: str = "none", distractors: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Two glyphs at opposite edges, from the first ``glyphs`` of the bank: 1 if they are the same glyph, else 0."""
-    check_canvas("glyph_match", size, scale, distractors=distractors, background=background)
-    rng = np.random.default_rng([seed, 1])
-    nuisance = _Nuisance.of(seed, 1, size, scale, distractors, background)
-    images = np.zeros((num, size, size), np.uint8)
-    labels = _balanced(rng, num)
     if not 2 <= glyphs <= len(GLYPH_BANK):
         raise ValueError(f"glyphs must be 2 to {len(GLYPH_BANK)}, got {glyphs}")
-    for i in range(num):
-        first = int(rng.integers(glyphs))
-        second = first if labels[i] else int((first + rng.integers(1, glyphs)) % glyphs)
-        scales = nuisance.scale(), nuisance.scale()
-        _pair_image(rng, nuisance, images[i], GLYPH_BANK[first], GLYPH_BANK[second], scales)
-    return images, labels
+    return _pair_relation("glyph_match", 1, num, size, seed, scale, background, distractors, glyphs,
+                          lambda rng, nuisance, first, second: (GLYPH_BANK[first], GLYPH_BANK[second],
+                                                                (nuisance.scale(), nuisance.scale())))
 
 
 def glyph_xor(num: int, size: int = 64, seed: int = 0, *, scale: Scale = None, background: str = "none",
@@ -329,18 +341,15 @@ def mirror_match(num: int, size: int = 64, seed: int = 0, *, scale: Scale = None
 
     No glyph's mirror image is a bank glyph (each differs from every bank glyph in 6+ pixels), so both classes
     show a plain glyph left and a mirrored one right, and a negative is never a mirror of the left glyph."""
-    check_canvas("mirror_match", size, scale, distractors=distractors, background=background)
-    rng = np.random.default_rng([seed, 5])
-    nuisance = _Nuisance.of(seed, 5, size, scale, distractors, background)
-    images = np.zeros((num, size, size), np.uint8)
-    labels = _balanced(rng, num)
-    kinds = len(GLYPH_BANK)
-    for i in range(num):
-        first = int(rng.integers(kinds))
-        mirrored = first if labels[i] else int((first + rng.integers(1, kinds)) % kinds)
-        scales = nuisance.scale(), nuisance.scale()
-        _pair_image(rng, nuisance, images[i], GLYPH_BANK[first], GLYPH_BANK[mirrored][:, ::-1], scales)
-    return images, labels
+    return _pair_relation("mirror_match", 5, num, size, seed, scale, background, distractors, len(GLYPH_BANK),
+                          lambda rng, nuisance, first, second: (GLYPH_BANK[first], GLYPH_BANK[second][:, ::-1],
+                                                                (nuisance.scale(), nuisance.scale())))
+
+
+def _scaled_pair(rng: np.random.Generator, nuisance: _Nuisance, first: int,
+                 second: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    small = nuisance.scale()
+    return GLYPH_BANK[first], GLYPH_BANK[second], (2 * small, small) if rng.integers(2) else (small, 2 * small)
 
 
 def scale_match(num: int, size: int = 64, seed: int = 0, *, scale: Scale = None, background: str = "none",
@@ -348,19 +357,8 @@ def scale_match(num: int, size: int = 64, seed: int = 0, *, scale: Scale = None,
     """Two bank glyphs at opposite edges, one at a scale s and one at 2s (the side at random): 1 if the same glyph.
 
     The held-out relation of the suite: report it last, as a test not tuned to."""
-    check_canvas("scale_match", size, scale, distractors=distractors, background=background)
-    rng = np.random.default_rng([seed, 6])
-    nuisance = _Nuisance.of(seed, 6, size, scale, distractors, background)
-    images = np.zeros((num, size, size), np.uint8)
-    labels = _balanced(rng, num)
-    kinds = len(GLYPH_BANK)
-    for i in range(num):
-        first = int(rng.integers(kinds))
-        second = first if labels[i] else int((first + rng.integers(1, kinds)) % kinds)
-        small = nuisance.scale()
-        scales = (2 * small, small) if rng.integers(2) else (small, 2 * small)
-        _pair_image(rng, nuisance, images[i], GLYPH_BANK[first], GLYPH_BANK[second], scales)
-    return images, labels
+    return _pair_relation("scale_match", 6, num, size, seed, scale, background, distractors, len(GLYPH_BANK),
+                          _scaled_pair)
 
 
 def glyph_count(num: int, size: int = 64, seed: int = 0, glyphs: int = 10, max_count: int = 4,
