@@ -48,18 +48,24 @@ _CAUSES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quot
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's io::Error (safetensors) names an errno
 
 
-def _resource_os_error(exc: BaseException) -> tuple[Optional[int], Optional[str]]:
-    """The resource errno that ``exc`` or an exception behind it carries, and the file it names (torch.save's
-    "unexpected pos" error has the file's OSError as its context; safetensors says "(os error 28)")."""
+def _chain(exc: Optional[BaseException]) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it (each one's cause, else its context), each once."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _CAUSES:
-            return exc.errno, exc.filename
-        found = _OS_ERROR.search(str(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _resource_os_error(exc: BaseException) -> tuple[Optional[int], Optional[str]]:
+    """The resource errno that ``exc`` or an exception behind it carries, and the file it names (torch.save's
+    "unexpected pos" error has the file's OSError as its context; safetensors says "(os error 28)")."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in _CAUSES:
+            return link.errno, link.filename
+        found = _OS_ERROR.search(str(link))
         if found and int(found.group(1)) in _CAUSES:
             return int(found.group(1)), None
-        exc = exc.__cause__ or exc.__context__
     return None, None
 
 
@@ -111,14 +117,11 @@ def resource_error(exc: BaseException, path: "str | os.PathLike | None" = None,
 def permission_error(exc: BaseException) -> Optional[ConfigError]:
     """The user's error behind ``exc`` when it, or an exception behind it, is a file the user may not read or
     write (EACCES, EPERM): a path of someone else's, chosen by a flag, not the machine's failing."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM):
-            where = f"cannot use {exc.filename}" if exc.filename else "a file could not be used"
-            return ConfigError(f"{where}: {exc.strerror or 'permission denied'}; pass a path you may read and "
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in (errno.EACCES, errno.EPERM):
+            where = f"cannot use {link.filename}" if link.filename else "a file could not be used"
+            return ConfigError(f"{where}: {link.strerror or 'permission denied'}; pass a path you may read and "
                                f"write, or change its permissions")
-        exc = exc.__cause__ or exc.__context__
     return None
 
 
