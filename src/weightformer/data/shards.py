@@ -62,11 +62,16 @@ def is_shard_split(root: Path, split: str) -> bool:
         return False
 
 
+def _decompressed_name(name: str) -> Optional[str]:
+    """``x.tar`` for a compressed shard ``x.tar.gz`` (or ``x.tgz``, ...); None for any other name."""
+    suffix = next((s for s in COMPRESSED_SHARDS if name.endswith(s)), None)
+    return None if suffix is None else name[: -len(suffix)] + ".tar"
+
+
 def _refuse_compressed(files: list[str]) -> None:
     """Refuse the compressed shards among ``files`` that have no decompressed twin (``x.tar.gz`` beside ``x.tar``)."""
     present = set(files)
-    compressed = [name for name in files if name.endswith(COMPRESSED_SHARDS)
-                  and name[: -len(next(e for e in COMPRESSED_SHARDS if name.endswith(e)))] + ".tar" not in present]
+    compressed = [name for name in files if (twin := _decompressed_name(name)) is not None and twin not in present]
     if compressed:
         raise DataError(f"{len(compressed)} shard(s) are compressed (first: {compressed[0]}); samples are read "
                         f"at their offsets, which a compressed tar does not have: decompress them (e.g. "
