@@ -130,7 +130,7 @@ def test_prepare_config_equals_what_det_train_flags_parse_to(layout: str, coco20
     assert recipe.name == ("offline" if layout == "shapes" else "small-data")
     assert from_python.cfg.model_kwargs == {**recipe.values["model_kwargs"], "depth": 2}
     assert from_python.cfg.data == ("shapes" if layout == "shapes" else str(coco2017))
-    assert (from_python.cfg.epochs, from_python.cfg.batch_size, from_python.cfg.lr) == (3, 4, 0.16)
+    assert (from_python.cfg.epochs, from_python.cfg.batch_size, from_python.cfg.lr) == (3, 4, 0.08)
 
 
 # -------------------------------------------------------------------------------------------------
