@@ -1,5 +1,7 @@
-"""The long-range predictors (score_pool, centered, double_centered, score_gap) and the models registered on them."""
+"""The long-range predictors (score_pool, centered, double_centered, median_polished, score_gap, median_gap) and
+the models registered on them."""
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -17,6 +19,8 @@ from weightformer.layers.long_range_predictors import (
     BilateralUnitPredictor,
     CenteredPredictor,
     DoubleCenteredPredictor,
+    MedianGapKernelPredictor,
+    MedianPolishedPredictor,
     ScorePoolKernelPredictor,
     ScorePoolPredictor,
 )
@@ -113,6 +117,83 @@ def test_double_centered_ignores_what_varies_only_along_rows_or_columns():
     assert double(one_token).abs().max() > 1e-3
 
 
+def test_median_polished_is_the_product_of_the_median_polish_residuals():
+    """Against numpy's medians on an odd grid (3x5, where every median is one element), token by token."""
+    predictor = MedianPolishedPredictor(32, 32)
+    _randomise(predictor)
+    x = torch.randn(2, 6, 10, 32)  # pools to a 3x5 grid
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2)  # (B, C, 3, 5)
+    p = F.silu(torch.einsum("oc,bchw->bohw", predictor.proj.weight, pooled) + predictor.proj.bias[:, None, None])
+    grid = p.detach().double().numpy()
+    grid = grid - np.median(grid, axis=3, keepdims=True)  # each row's median
+    grid = grid - np.median(grid, axis=2, keepdims=True)  # then each column's
+    residual = torch.from_numpy(grid).float().flatten(2)  # (B, 16, 15)
+    core = torch.einsum("bit,bjt->bij", residual[:, :8], residual[:, 8:])
+    torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
+
+
+def _on_a_larger_canvas(x: torch.Tensor, background: torch.Tensor, side: int, top: int, left: int) -> torch.Tensor:
+    canvas = background.expand(x.shape[0], side, side, x.shape[-1]).clone()
+    canvas[:, top:top + x.shape[1], left:left + x.shape[2]] = x
+    return canvas
+
+
+def test_median_polished_is_unchanged_by_background_added_around_sparse_content():
+    """Two objects on a uniform background, then the same tokens on a canvas of twice the side (centred, and in a
+    corner): with medians ΔW is the same, with means (double_centered) it changes with the background's share."""
+    torch.manual_seed(0)
+    background = torch.randn(1, 1, 1, 32)
+    x = background.expand(2, 16, 16, 32).clone()
+    x[:, 4:6, 2:4] += 2 * torch.randn(2, 1, 1, 32)
+    x[:, 10:12, 12:14] += 2 * torch.randn(2, 1, 1, 32)
+    median, mean = MedianPolishedPredictor(32, 64), DoubleCenteredPredictor(32, 64)
+    mean.load_state_dict(median.state_dict())
+    for top, left in ((8, 8), (0, 16)):  # on 2x2-pooling boundaries, so the pooled tokens are the same
+        larger = _on_a_larger_canvas(x, background, 32, top, left)
+        torch.testing.assert_close(median(larger), median(x), rtol=1e-4, atol=1e-6)
+        assert (mean(larger) - mean(x)).abs().max() > 1e-3 * mean(x).abs().max()
+
+
+def test_median_polished_ignores_what_varies_only_along_rows_or_columns():
+    torch.manual_seed(0)
+    predictor = MedianPolishedPredictor(32, 64)
+    for x in (torch.randn(2, 8, 1, 32).expand(2, 8, 8, 32), torch.randn(2, 1, 8, 32).expand(2, 8, 8, 32)):
+        assert predictor(x).abs().max() < 1e-6
+
+
+def test_median_gap_is_the_unit_sum_of_the_median_polish_residuals():
+    predictor = MedianGapKernelPredictor(8, 3)
+    _randomise(predictor)
+    x = torch.randn(2, 8, 5, 7)
+    grid = x.double().numpy()
+    grid = grid - np.median(grid, axis=3, keepdims=True)
+    grid = grid - np.median(grid, axis=2, keepdims=True)
+    z = torch.from_numpy(grid.sum(axis=(2, 3))).float()  # (B, C)
+    z = z / (z.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-6)
+    expected = F.gelu(z @ predictor.fc1.weight.T + predictor.fc1.bias)[:, :, None, None] * predictor.bank
+    torch.testing.assert_close(predictor(x), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_median_gap_is_unchanged_by_background_added_around_sparse_content():
+    """Where the release's region-by-region kernel and the global mean both change with the canvas."""
+    torch.manual_seed(0)
+    background = torch.randn(1, 1, 1, 16)
+    x = background.expand(2, 12, 12, 16).clone()
+    x[:, 3:5, 2:4] += 2 * torch.randn(2, 1, 1, 16)
+    x[:, 8, 9] += 2 * torch.randn(2, 16)
+    larger = _on_a_larger_canvas(x, background, 24, 5, 7).permute(0, 3, 1, 2)
+    x = x.permute(0, 3, 1, 2)
+    median = MedianGapKernelPredictor(16, 3)
+    torch.testing.assert_close(median(larger), median(x), rtol=1e-5, atol=1e-7)
+    for name in ("adaptive", "gap"):
+        other = DWCONV_PREDICTORS[name](16, 3)
+        assert (other(larger) - other(x)).abs().max() > 1e-3 * other(x).abs().max(), name
+    layer = DynamicDWConv(16, 3, predictor="median_gap")  # an all-background input: z = 0, finite gradients
+    blank = background.permute(0, 3, 1, 2).expand(1, 16, 6, 6).clone().requires_grad_()
+    layer(blank).square().sum().backward()
+    assert torch.isfinite(blank.grad).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
 def test_score_gap_pools_each_channel_with_its_own_softmax():
     predictor = ScorePoolKernelPredictor(8, 3)
     _randomise(predictor)
@@ -128,11 +209,14 @@ def test_new_names_are_in_the_registries_and_layers_build_with_them():
     assert LINEAR_PREDICTORS["score_pool"] is ScorePoolPredictor and LINEAR_PREDICTORS["centered"] is CenteredPredictor
     assert LINEAR_PREDICTORS["bilateral_unit"] is BilateralUnitPredictor
     assert DWCONV_PREDICTORS["score_gap"] is ScorePoolKernelPredictor
+    assert DWCONV_PREDICTORS["median_gap"] is MedianGapKernelPredictor
     x = torch.randn(2, 5, 3, 32)  # odd grid side
     assert LINEAR_PREDICTORS["double_centered"] is DoubleCenteredPredictor
-    for name in ("score_pool", "centered", "double_centered", "bilateral_unit"):
+    assert LINEAR_PREDICTORS["median_polished"] is MedianPolishedPredictor
+    for name in ("score_pool", "centered", "double_centered", "median_polished", "bilateral_unit"):
         assert DynamicLinear(32, 128, predictor=name)(x).shape == (2, 5, 3, 128)
-    assert DynamicDWConv(32, 5, predictor="score_gap")(x.permute(0, 3, 1, 2)).shape == (2, 32, 5, 3)
+    for name in ("score_gap", "median_gap"):
+        assert DynamicDWConv(32, 5, predictor=name)(x.permute(0, 3, 1, 2)).shape == (2, 32, 5, 3)
 
 
 def _predictor_flops(predictor: torch.nn.Module, x: torch.Tensor) -> int:
@@ -143,7 +227,8 @@ def _predictor_flops(predictor: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("predictor", [ScorePoolPredictor(32, 128), CenteredPredictor(32, 128),
-                                       DoubleCenteredPredictor(32, 128), BilateralUnitPredictor(32, 128)])
+                                       DoubleCenteredPredictor(32, 128), MedianPolishedPredictor(32, 128),
+                                       BilateralUnitPredictor(32, 128)])
 def test_linear_predictor_cost_grows_linearly_with_the_token_count(predictor):
     flops = [_predictor_flops(predictor, torch.randn(1, side, side, 32)) for side in (8, 16, 32)]
     # the N-independent lift is the same at every size; the rest must grow 4x per doubling of the side, not 16x
@@ -171,7 +256,8 @@ def test_long_range_model_name_uses_double_centered_and_the_default_is_unchanged
         timm.create_model("weightformer_long_range_tiny", pretrained=True)
 
 
-@pytest.mark.parametrize("predictor, grid", [("centered", (3, 3)), ("double_centered", (3, 3)), ("double_centered", (2, 9))])
+@pytest.mark.parametrize("predictor, grid", [("centered", (3, 3)), ("double_centered", (3, 3)), ("double_centered", (2, 9)),
+                                               ("median_polished", (3, 3)), ("median_polished", (2, 9))])
 def test_centered_has_finite_gradients_when_its_core_is_zero(predictor, grid):
     """A 3x3 grid pools to one token, a 2x9 grid to one row: the centred core is exactly 0 and its gradient must
     stay finite."""

@@ -15,6 +15,16 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   D = σ(P) − row mean − column mean + grid mean, core = Σ_t D_in,tᵀ D_out,t: any sum of a row and a column
   pattern drops out, such as the borders of zero-padded convolutions, which under ``centered`` make ΔW change
   with the canvas size (docs/analysis.md, "Resolution transfer").
+- ``median_polished``: as ``double_centered`` with medians for means (one pass of Tukey's median polish: each
+  row's median removed, then each column's), core = Σ_t M_in,tᵀ M_out,t. Background inserted into the canvas
+  moves a row or column mean (so under ``double_centered`` every background token's residual, and ΔW with
+  it, changes with the canvas), but not its median while background is most of the row or column: there the
+  background's residual stays 0 and the core is the same sum at any canvas size (docs/analysis.md).
+- ``median_gap`` (``dwc_predictor=``): ``gap`` with the median-polished sum of the tokens, set to unit RMS over
+  channels, in place of the global average: z = unit(Σ_t M_t), ΔK_c = GELU(W₁z + b₁)_c · U_c. The release's
+  ``adaptive`` kernel reads each tap from its own region of the canvas, and ``gap`` a mean that background
+  dilutes, so both change when the canvas grows; this sum does not while background is most of each row
+  and column.
 - ``score_gap`` (``dwc_predictor=``): ``gap`` with a per-channel softmax-weighted pool in place of the global
   average, z_c = Σ_t softmax_t(X·W_s + b_s)_{t,c} · X_{t,c}; ΔK_c = GELU(W₁z + b₁)_c · U_c.
 """
@@ -27,8 +37,9 @@ from torch import Tensor, nn
 from .dynamic_layer import register_predictor
 from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
-__all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "ScorePoolKernelPredictor",
-           "ScorePoolPredictor", "double_center"]
+__all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "MedianPolishedPredictor",
+           "MedianGapKernelPredictor", "ScorePoolKernelPredictor", "ScorePoolPredictor", "double_center",
+           "median_polish"]
 
 _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
@@ -117,17 +128,37 @@ def double_center(p: Tensor, rows: int, cols: int) -> Tensor:
     return grid.reshape(B, rows * cols, D)
 
 
+def median_polish(p: Tensor, rows: int, cols: int) -> Tensor:
+    """Tokens (B, N', D) of a rows×cols grid (row-major) minus their row median, then minus the column median of
+    what is left: one pass of Tukey's median polish. ``torch.median`` takes the lower middle value of an even
+    count, and its gradient goes to that element."""
+    B, _, D = p.shape
+    grid = p.view(B, rows, cols, D)
+    grid = grid - grid.median(dim=2, keepdim=True).values
+    grid = grid - grid.median(dim=1, keepdim=True).values
+    return grid.reshape(B, rows * cols, D)
+
+
 @register_predictor("linear", "double_centered")
 class DoubleCenteredPredictor(BilateralUnitPredictor):
     """Covariance of the activated projections after double centring on the pooled grid (see module docstring)."""
+
+    center = staticmethod(double_center)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         _, p_in, p_out = self.activated(x)
         H, W = x.shape[1], x.shape[2]
         window_h, window_w = pool_2x2_window(H, W)
         rows, cols = H // window_h, W // window_w  # the grid pool_2x2 leaves
-        p_in, p_out = double_center(p_in, rows, cols), double_center(p_out, rows, cols)
+        p_in, p_out = self.center(p_in, rows, cols), self.center(p_out, rows, cols)
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
+
+
+@register_predictor("linear", "median_polished")
+class MedianPolishedPredictor(DoubleCenteredPredictor):
+    """``double_centered`` with row and column medians for the means (see module docstring)."""
+
+    center = staticmethod(median_polish)
 
 
 @register_predictor("dwconv", "score_gap")
@@ -151,3 +182,27 @@ class ScorePoolKernelPredictor(nn.Module):
         weights = torch.softmax(self.score(x).flatten(2), dim=-1)  # (B, C, N), per channel over tokens
         pooled = (weights * x.flatten(2)).sum(-1)  # (B, C)
         return self.act(self.fc1(pooled))[:, :, None, None] * self.bank
+
+
+@register_predictor("dwconv", "median_gap")
+class MedianGapKernelPredictor(nn.Module):
+    """ΔK_c = GELU(W₁z + b₁)_c · U_c with z the unit-RMS sum of the median-polished tokens (module docstring)."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.bank = nn.Parameter(torch.empty(dim, kernel_size, kernel_size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The kernel bank U: truncated normal, std 0.02."""
+        trunc_normal_(self.bank, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        B, C, H, W = x.shape
+        tokens = x.flatten(2).transpose(1, 2)  # (B, H·W, C), row-major
+        z = median_polish(tokens, H, W).sum(dim=1)  # (B, C)
+        # 1e-24 keeps sqrt's gradient finite for an all-background input (z = 0)
+        z = z / (torch.sqrt(z.pow(2).mean(dim=1, keepdim=True) + 1e-24) + 1e-6)
+        return self.act(self.fc1(z))[:, :, None, None] * self.bank
