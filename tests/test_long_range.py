@@ -88,13 +88,26 @@ def test_centered_is_the_covariance_of_the_activated_projections():
     assert predictor(x[:, :1, :1].expand(3, 4, 4, 32)).abs().max() < 1e-7
 
 
+def _activated_grid(predictor, x: torch.Tensor) -> torch.Tensor:
+    """σ(P) on the 2x2-pooled grid, written out: (B, H, W, C) -> (B, C/r + O/r, H/2, W/2)."""
+    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2)
+    return F.silu(torch.einsum("oc,bchw->bohw", predictor.proj.weight, pooled) + predictor.proj.bias[:, None, None])
+
+
+def _numpy_median_polish(grid: torch.Tensor) -> torch.Tensor:
+    """One pass of median polish over the last two axes (rows, then columns) in numpy, float64."""
+    values = grid.detach().double().numpy()
+    values = values - np.median(values, axis=-1, keepdims=True)  # each row's median
+    values = values - np.median(values, axis=-2, keepdims=True)  # then each column's
+    return torch.from_numpy(values).float()
+
+
 def test_double_centered_is_the_covariance_of_the_two_way_residuals():
     """Against centring matrices J_n = I - 11ᵀ/n applied to the pooled grid's rows and columns."""
     predictor = DoubleCenteredPredictor(32, 32)
     _randomise(predictor)
     x = torch.randn(3, 6, 8, 32)  # pools to a 3x4 grid
-    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2)  # (B, C, 3, 4)
-    p = F.silu(torch.einsum("oc,bchw->bohw", predictor.proj.weight, pooled) + predictor.proj.bias[:, None, None])
+    p = _activated_grid(predictor, x)  # (B, 16, 3, 4)
     J3, J4 = torch.eye(3) - 1 / 3, torch.eye(4) - 1 / 4
     residual = torch.einsum("hk,bokl,wl->bohw", J3, p, J4).flatten(2)  # (B, 16, 12)
     core = torch.einsum("bit,bjt->bij", residual[:, :8], residual[:, 8:])
@@ -122,12 +135,7 @@ def test_median_polished_is_the_product_of_the_median_polish_residuals():
     predictor = MedianPolishedPredictor(32, 32)
     _randomise(predictor)
     x = torch.randn(2, 6, 10, 32)  # pools to a 3x5 grid
-    pooled = F.avg_pool2d(x.permute(0, 3, 1, 2), 2)  # (B, C, 3, 5)
-    p = F.silu(torch.einsum("oc,bchw->bohw", predictor.proj.weight, pooled) + predictor.proj.bias[:, None, None])
-    grid = p.detach().double().numpy()
-    grid = grid - np.median(grid, axis=3, keepdims=True)  # each row's median
-    grid = grid - np.median(grid, axis=2, keepdims=True)  # then each column's
-    residual = torch.from_numpy(grid).float().flatten(2)  # (B, 16, 15)
+    residual = _numpy_median_polish(_activated_grid(predictor, x)).flatten(2)  # (B, 16, 15) from a 3x5 grid
     core = torch.einsum("bit,bjt->bij", residual[:, :8], residual[:, 8:])
     torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
 
@@ -165,10 +173,7 @@ def test_median_gap_is_the_unit_sum_of_the_median_polish_residuals():
     predictor = MedianGapKernelPredictor(8, 3)
     _randomise(predictor)
     x = torch.randn(2, 8, 5, 7)
-    grid = x.double().numpy()
-    grid = grid - np.median(grid, axis=3, keepdims=True)
-    grid = grid - np.median(grid, axis=2, keepdims=True)
-    z = torch.from_numpy(grid.sum(axis=(2, 3))).float()  # (B, C)
+    z = _numpy_median_polish(x).sum(dim=(2, 3))  # (B, C)
     z = z / (z.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-6)
     expected = F.gelu(z @ predictor.fc1.weight.T + predictor.fc1.bias)[:, :, None, None] * predictor.bank
     torch.testing.assert_close(predictor(x), expected, rtol=1e-4, atol=1e-6)

@@ -19,7 +19,7 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   row's median removed, then each column's), core = Σ_t M_in,tᵀ M_out,t. Background inserted into the canvas
   moves a row or column mean (so under ``double_centered`` every background token's residual, and ΔW with
   it, changes with the canvas), but not its median while background is most of the row or column: there the
-  background's residual stays 0 and the core is the same sum at any canvas size (docs/analysis.md).
+  background's residual stays 0 and the core is the same sum at any canvas size (docs/probes.md).
 - ``median_gap`` (``dwc_predictor=``): ``gap`` with the median-polished sum of the tokens, set to unit RMS over
   channels, in place of the global average: z = unit(Σ_t M_t), ΔK_c = GELU(W₁z + b₁)_c · U_c. The release's
   ``adaptive`` kernel reads each tap from its own region of the canvas, and ``gap`` a mean that background
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
+from .dynamic_dwconv import GapKernelPredictor
 from .dynamic_layer import register_predictor
 from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
@@ -43,6 +44,12 @@ __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredict
 
 _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
+
+
+def _rms(t: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """Root mean square over ``dims``, kept. The 1e-24 only keeps sqrt's gradient finite at an all-zero input (one
+    pooled token under ``centered``, an all-background canvas under ``median_gap``)."""
+    return torch.sqrt(t.pow(2).mean(dim=dims, keepdim=True) + 1e-24)
 
 
 @register_predictor("linear", "bilateral_unit")
@@ -66,9 +73,7 @@ class BilateralUnitPredictor(_LowRankPredictor):
 
     def unit_expand(self, core: Tensor) -> Tensor:
         """g·U_inᵀ·unit(core)·U_out as ΔWᵀ (B, O, C), core (B, C/r, O/r)."""
-        # The 1e-24 only keeps sqrt's gradient finite at an all-zero core (one pooled token under ``centered``).
-        rms = torch.sqrt(core.pow(2).mean(dim=(1, 2), keepdim=True) + 1e-24)
-        return self.expand(core * (self.gain / (rms + 1e-6)))
+        return self.expand(core * (self.gain / (_rms(core, (1, 2)) + 1e-6)))
 
     def activated(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The pooled tokens X̄ (B, N', C) and σ(P_in) (B, N', C/r), σ(P_out) (B, N', O/r)."""
@@ -185,24 +190,12 @@ class ScorePoolKernelPredictor(nn.Module):
 
 
 @register_predictor("dwconv", "median_gap")
-class MedianGapKernelPredictor(nn.Module):
-    """ΔK_c = GELU(W₁z + b₁)_c · U_c with z the unit-RMS sum of the median-polished tokens (module docstring)."""
-
-    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, dim, device=device, dtype=dtype)
-        self.act = nn.GELU()
-        self.bank = nn.Parameter(torch.empty(dim, kernel_size, kernel_size, device=device, dtype=dtype))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """The kernel bank U: truncated normal, std 0.02."""
-        trunc_normal_(self.bank, std=0.02)
+class MedianGapKernelPredictor(GapKernelPredictor):
+    """``gap``'s layers with z the unit-RMS sum of the median-polished tokens for the mean (module docstring)."""
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
-        B, C, H, W = x.shape
+        _, _, H, W = x.shape
         tokens = x.flatten(2).transpose(1, 2)  # (B, H·W, C), row-major
         z = median_polish(tokens, H, W).sum(dim=1)  # (B, C)
-        # 1e-24 keeps sqrt's gradient finite for an all-background input (z = 0)
-        z = z / (torch.sqrt(z.pow(2).mean(dim=1, keepdim=True) + 1e-24) + 1e-6)
+        z = z / (_rms(z, (1,)) + 1e-6)
         return self.act(self.fc1(z))[:, :, None, None] * self.bank
