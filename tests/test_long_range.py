@@ -199,6 +199,15 @@ def test_median_gap_is_unchanged_by_background_added_around_sparse_content():
     assert torch.isfinite(blank.grad).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
+def test_median_predictors_script_and_match_eager():
+    """TorchScript, as timm's suite scripts every registered model, with both median predictors in every block."""
+    model = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=3, depth=2,
+                              linear_predictor="median_polished", dwc_predictor="median_gap").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x))
+
+
 def test_score_gap_pools_each_channel_with_its_own_softmax():
     predictor = ScorePoolKernelPredictor(8, 3)
     _randomise(predictor)

@@ -46,7 +46,7 @@ _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
 
 
-def _rms(t: Tensor, dims: tuple[int, ...]) -> Tensor:
+def _rms(t: Tensor, dims: list[int]) -> Tensor:
     """Root mean square over ``dims``, kept. The 1e-24 only keeps sqrt's gradient finite at an all-zero input (one
     pooled token under ``centered``, an all-background canvas under ``median_gap``)."""
     return torch.sqrt(t.pow(2).mean(dim=dims, keepdim=True) + 1e-24)
@@ -73,7 +73,7 @@ class BilateralUnitPredictor(_LowRankPredictor):
 
     def unit_expand(self, core: Tensor) -> Tensor:
         """g·U_inᵀ·unit(core)·U_out as ΔWᵀ (B, O, C), core (B, C/r, O/r)."""
-        return self.expand(core * (self.gain / (_rms(core, (1, 2)) + 1e-6)))
+        return self.expand(core * (self.gain / (_rms(core, [1, 2]) + 1e-6)))
 
     def activated(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The pooled tokens X̄ (B, N', C) and σ(P_in) (B, N', C/r), σ(P_out) (B, N', O/r)."""
@@ -148,14 +148,16 @@ def median_polish(p: Tensor, rows: int, cols: int) -> Tensor:
 class DoubleCenteredPredictor(BilateralUnitPredictor):
     """Covariance of the activated projections after double centring on the pooled grid (see module docstring)."""
 
-    center = staticmethod(double_center)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+    def on_grid(self, x: Tensor) -> tuple[Tensor, Tensor, int, int]:
+        """σ(P_in) (B, N', C/r), σ(P_out) (B, N', O/r) and the rows×cols grid pool_2x2 leaves of x (B, H, W, C)."""
         _, p_in, p_out = self.activated(x)
         H, W = x.shape[1], x.shape[2]
         window_h, window_w = pool_2x2_window(H, W)
-        rows, cols = H // window_h, W // window_w  # the grid pool_2x2 leaves
-        p_in, p_out = self.center(p_in, rows, cols), self.center(p_out, rows, cols)
+        return p_in, p_out, H // window_h, W // window_w
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+        p_in, p_out, rows, cols = self.on_grid(x)
+        p_in, p_out = double_center(p_in, rows, cols), double_center(p_out, rows, cols)
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
 
@@ -163,7 +165,10 @@ class DoubleCenteredPredictor(BilateralUnitPredictor):
 class MedianPolishedPredictor(DoubleCenteredPredictor):
     """``double_centered`` with row and column medians for the means (see module docstring)."""
 
-    center = staticmethod(median_polish)
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
+        p_in, p_out, rows, cols = self.on_grid(x)
+        p_in, p_out = median_polish(p_in, rows, cols), median_polish(p_out, rows, cols)
+        return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
 
 @register_predictor("dwconv", "score_gap")
@@ -197,5 +202,5 @@ class MedianGapKernelPredictor(GapKernelPredictor):
         _, _, H, W = x.shape
         tokens = x.flatten(2).transpose(1, 2)  # (B, H·W, C), row-major
         z = median_polish(tokens, H, W).sum(dim=1)  # (B, C)
-        z = z / (_rms(z, (1,)) + 1e-6)
+        z = z / (_rms(z, [1]) + 1e-6)
         return self.act(self.fc1(z))[:, :, None, None] * self.bank
