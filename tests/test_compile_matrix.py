@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import weightformer  # noqa: F401  (registers the models)
-from weightformer.generation.variants import create_dit
+from weightformer.models.dit_variants import create_dit
 
 RTOL, ATOL = 1e-4, 1e-5
 IMAGE_SIZES = [(48, 32), (32, 48), (16, 64), (64, 64), (208, 272)]  # non-square first (see test_compile.py)

@@ -12,8 +12,8 @@ import torch
 import weightformer  # noqa: F401  (registers the models)
 from weightformer.engine.errors import ConfigError
 from weightformer.engine.loop import prepare_config
-from weightformer.generation.model import WeightFormerDiT
-from weightformer.generation.variants import DIT_VARIANTS, LONG_RANGE_VARIANTS, create_dit
+from weightformer.models.dit import WeightFormerDiT
+from weightformer.models.dit_variants import DIT_VARIANTS, LONG_RANGE_VARIANTS, create_dit
 from weightformer.layers import DynamicLinear
 from weightformer.layers.inference import eager_inference
 from weightformer.models import weightformer_long_range_small

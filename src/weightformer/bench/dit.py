@@ -245,7 +245,7 @@ def run_command(args: Any, command: str) -> int:
     from ..engine.errors import ConfigError
     from ..engine.outputs import removed_if_failed
     from ..engine.run_dir import hold_run_folder
-    from ..generation.variants import DIT_VARIANTS
+    from ..models.dit_variants import DIT_VARIANTS
     from .checks import check_device
     from .results import claim_out_dir, default_out, log, machine_info, write_results
 

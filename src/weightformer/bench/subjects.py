@@ -135,7 +135,7 @@ def _dense(name: str, label: str, timm_name: str, **kwargs: Any) -> Subject:
 
 # ------------------------------------------------------------------------------------------------- dit
 def dit_arguments(model: str, model_kwargs: Optional[dict] = None) -> dict[str, Any]:
-    from ..generation.variants import DIT_VARIANTS
+    from ..models.dit_variants import DIT_VARIANTS
 
     return {**DIT_VARIANTS[model], **(model_kwargs or {})}
 
@@ -144,7 +144,7 @@ def _dit(model: str, attention: Optional[str]) -> Callable[..., Any]:
     def build(side: int, device: str = "cpu", **model_kwargs: Any) -> Any:
         import torch
 
-        from ..generation.variants import create_dit
+        from ..models.dit_variants import create_dit
 
         torch.manual_seed(0)
         with torch.device(device):
@@ -165,7 +165,7 @@ def _latents(batch: int, side: int, device: str) -> tuple:
 
 
 def dit_subject(model: str, attention: Optional[str] = None) -> Subject:
-    """The DiT variant ``model`` (a key of ``generation.variants.DIT_VARIANTS``); ``attention`` for an attention DiT."""
+    """The DiT variant ``model`` (a key of ``models.dit_variants.DIT_VARIANTS``); ``attention`` for an attention DiT."""
     patch = int(model.rsplit("_", 1)[1])
     return Subject("dit", model if attention is None else f"{model} {attention}", model, _dit(model, attention), _latents,
                    lambda out, target: out.square().mean(), warmup=4 * patch, fixed_size=True, attention=attention,

@@ -47,12 +47,12 @@ class GenerationConfig(LongRangeConfig):
 
     @classmethod
     def long_range_designs(cls) -> Mapping[str, str]:
-        from .variants import LONG_RANGE_VARIANTS  # the models: torch
+        from ..models.dit_variants import LONG_RANGE_VARIANTS  # the models: torch
 
         return LONG_RANGE_VARIANTS
 
     def check(self) -> None:
-        from .variants import DIT_VARIANTS  # imports the models (torch, diffusers): the command line reads this class
+        from ..models.dit_variants import DIT_VARIANTS  # imports the models (torch, diffusers): the command line reads this class
 
         if self.model not in DIT_VARIANTS:
             raise ConfigError(f"model {self.model!r} is not a diffusion model; choose one of {', '.join(DIT_VARIANTS)}")

@@ -8,7 +8,7 @@ from torch import Tensor
 from ..progress import progress as progress_lines
 from .config import SAMPLERS
 from .diffusion import GaussianDiffusion, respaced_timesteps
-from .model import WeightFormerDiT
+from ..models.dit import WeightFormerDiT
 
 __all__ = ["SAMPLERS", "sample"]
 

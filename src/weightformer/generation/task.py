@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # imported where they run: the command line needs none of the
     from torch.utils.data import DataLoader
 
     from ..engine.distributed import DistInfo
-    from .model import WeightFormerDiT
+    from ..models.dit import WeightFormerDiT
 
 __all__ = ["GenerationTask"]
 
@@ -48,7 +48,7 @@ class GenerationTask(Task):
     @classmethod
     def model_from_meta(cls, meta: Mapping[str, Any]) -> WeightFormerDiT:
         """The WF-DiT (or DiT) a checkpoint's ``meta`` describes, randomly initialised."""
-        from .variants import create_dit
+        from ..models.dit_variants import create_dit
 
         kwargs = dict(meta["model_kwargs"])
         with model_arguments_checked(meta["model"], kwargs):
@@ -58,7 +58,7 @@ class GenerationTask(Task):
     @classmethod
     def upgrade_checkpoint(cls, checkpoint: dict[str, Any], version: int) -> dict[str, Any]:
         from ..models.weightformer_long_range import name_unversioned_predictor
-        from .variants import LONG_RANGE_VARIANTS
+        from ..models.dit_variants import LONG_RANGE_VARIANTS
 
         return name_unversioned_predictor(checkpoint, LONG_RANGE_VARIANTS.values())
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from timm.models import register_model
 
-from ..models.weightformer_long_range import LONG_RANGE_ARGS
-from .model import WeightFormerDiT
+from .dit import WeightFormerDiT
+from .weightformer_long_range import LONG_RANGE_ARGS
 
 __all__ = ["DIT_VARIANTS", "LONG_RANGE_VARIANTS", "create_dit", "variant_name"]
 
@@ -64,7 +64,7 @@ def _register(name: str) -> None:
         return create_dit(name, **kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = name
-    entrypoint.__doc__ = f"{name}: see weightformer.generation.variants."
+    entrypoint.__doc__ = f"{name}: see weightformer.models.dit_variants."
     register_model(entrypoint)
 
 

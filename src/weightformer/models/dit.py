@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
-from ..models.weightformer import is_dynamic_block
-from .choices import GUIDANCE_MODES
+from ..generation.choices import GUIDANCE_MODES  # torch-free: gen sample's command line lists them
+from .weightformer import is_dynamic_block
 
 __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
 
