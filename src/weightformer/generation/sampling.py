@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..models.dit import WeightFormerDiT
 from ..progress import progress as progress_lines
 from .config import SAMPLERS
 from .diffusion import GaussianDiffusion, respaced_timesteps
-from ..models.dit import WeightFormerDiT
 
 __all__ = ["SAMPLERS", "sample"]
 

@@ -148,16 +148,16 @@ def median_polish(p: Tensor, rows: int, cols: int) -> Tensor:
 class DoubleCenteredPredictor(BilateralUnitPredictor):
     """Covariance of the activated projections after double centring on the pooled grid (see module docstring)."""
 
-    def on_grid(self, x: Tensor) -> tuple[Tensor, Tensor, int, int]:
-        """σ(P_in) (B, N', C/r), σ(P_out) (B, N', O/r) and the rows×cols grid pool_2x2 leaves of x (B, H, W, C)."""
+    def center(self, p: Tensor, rows: int, cols: int) -> Tensor:
+        """Tokens (B, N', D) of the rows×cols pooled grid, double-centred."""
+        return double_center(p, rows, cols)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
         _, p_in, p_out = self.activated(x)
         H, W = x.shape[1], x.shape[2]
         window_h, window_w = pool_2x2_window(H, W)
-        return p_in, p_out, H // window_h, W // window_w
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
-        p_in, p_out, rows, cols = self.on_grid(x)
-        p_in, p_out = double_center(p_in, rows, cols), double_center(p_out, rows, cols)
+        rows, cols = H // window_h, W // window_w  # the grid pool_2x2 leaves
+        p_in, p_out = self.center(p_in, rows, cols), self.center(p_out, rows, cols)
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
 
 
@@ -165,10 +165,9 @@ class DoubleCenteredPredictor(BilateralUnitPredictor):
 class MedianPolishedPredictor(DoubleCenteredPredictor):
     """``double_centered`` with row and column medians for the means (see module docstring)."""
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, H, W, C) -> ΔWᵀ (B, O, C)
-        p_in, p_out, rows, cols = self.on_grid(x)
-        p_in, p_out = median_polish(p_in, rows, cols), median_polish(p_out, rows, cols)
-        return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
+    def center(self, p: Tensor, rows: int, cols: int) -> Tensor:
+        """Tokens (B, N', D) of the rows×cols pooled grid, median-polished."""
+        return median_polish(p, rows, cols)
 
 
 @register_predictor("dwconv", "score_gap")
