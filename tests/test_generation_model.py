@@ -225,3 +225,26 @@ def test_attention_baseline_runs_and_starts_at_zero_output():
     model = create_dit("dit_s_4", input_size=16, in_channels=3, num_classes=5, hidden_size=48, depth=2, num_heads=4)
     out = model(torch.randn(2, 3, 16, 16), torch.tensor([1, 2]), torch.tensor([0, 5]))
     assert out.shape == (2, 6, 16, 16) and torch.count_nonzero(out) == 0  # adaLN-Zero: the output layer starts at 0
+
+
+@pytest.mark.parametrize("name", ["dit_s_4", "wf_dit_s_4"])
+def test_block_init_vit_draws_the_blocks_mixer_and_mlp_from_a_normal_of_std_002(name):
+    kwargs = dict(input_size=16, in_channels=1, num_classes=3, hidden_size=64, depth=3,
+                  **({"num_heads": 2} if name.startswith("dit") else {}))
+    torch.manual_seed(0)
+    dit = create_dit(name, **kwargs)
+    torch.manual_seed(0)
+    vit = create_dit(name, block_init="vit", **kwargs)
+    bound = math.sqrt(6 / (64 + 64 * 4))  # Xavier-uniform's bound for a 64 -> 256 MLP layer
+    for (key, a), b in zip(dit.state_dict().items(), vit.state_dict().values()):
+        if not key.startswith("blocks.") or "adaLN" in key or ".predictor." in key or not key.endswith("weight"):
+            # the rest is drawn as DiT draws it (other values: the extra draws move the generator), zeros kept
+            assert torch.equal(a == 0, b == 0), key
+            assert a.numel() < 100 or abs(a.std() - b.std()) <= 0.2 * a.std(), key
+        elif a.dim() == 2:  # the mixer's and the MLP's linear layers
+            assert 0.018 < b.std().item() < 0.022 and b.abs().max() < 0.12, key
+    fc = "mlp.fc1" if name.startswith("dit") else "linear2"
+    dit_fc = dict(dit.named_parameters())[f"blocks.0.{fc}.weight"]
+    assert dit_fc.abs().max() <= bound and dit_fc.std() > 0.05  # "dit" (the default) keeps Xavier
+    with pytest.raises(ValueError, match="block_init must be one of"):
+        create_dit(name, block_init="xavier", **kwargs)

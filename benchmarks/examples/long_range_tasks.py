@@ -18,7 +18,7 @@ a finished ``last.pt`` is not run again. Variants:
   placement and predictor can be told apart;
 - ``long_range_centered``: ``--long-range --model-kwargs linear_predictor=centered``: every block dynamic
   with the ``centered`` predictor (docs/analysis.md §5, resolution transfer);
-- ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels, the
+- ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels (``--head-channels``), the
   recipe's other model settings.
 
 Scores are the last epoch's (the budget is the same for all): bbox/segm mAP, mIoU; for generation the
@@ -50,7 +50,7 @@ VARIANTS = ("released", "long_range", "released_placement", "long_range_centered
 # The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
 # so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
 EPOCHS = {"det": 8, "seg": 25, "gen": 6}
-HEAD_CHANNELS = 32  # the attention baselines' channels per head
+HEAD_CHANNELS = 32  # the attention baselines' channels per head (--head-channels)
 BATCH = 8  # images per timed inference call
 
 
@@ -210,12 +210,17 @@ def _mean_std(values: list[float], digits: int = 2) -> str:
 
 COLUMNS = {"det": [("bbox_mAP", "bbox mAP"), ("segm_mAP", "segm mAP")], "seg": [("mIoU", "mIoU"), ("mAcc", "mAcc")],
            "gen": [("class_accuracy", "class-correct %"), ("judge_fd", "judge_fd (not FID)"), ("val_mse", "val ε-MSE")]}
-LEGEND = ("`released` the recipe's model; `long_range` the same command with `--long-range` (the long-range "
-          "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
-          "predictor at the released placement, one dynamic block in three); `long_range_centered` `--long-range` "
-          "with the `centered` predictor; `attention` DeiT or DiT of the "
-          "same width and depth, 32 channels per head. Scores are the last epoch's; seeds column: the first "
-          "score per seed. Costs of the first seed's model, one thread, after the runs.")
+
+
+def legend() -> str:
+    return ("`released` the recipe's model; `long_range` the same command with `--long-range` (the long-range "
+            "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
+            "predictor at the released placement, one dynamic block in three); `long_range_centered` `--long-range` "
+            "with the `centered` predictor; `attention` DeiT or DiT of the "
+            f"same width and depth, {HEAD_CHANNELS} channels per head. Scores are the last epoch's; seeds column: the "
+            "first score per seed. Costs of the first seed's model, one thread, after the runs.")
+
+
 COST_NAME = {"det": "backbone GMACs", "seg": "backbone GMACs", "gen": "GMACs"}
 
 
@@ -251,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="this many epochs for every task given (instead of the budget)")
     parser.add_argument("--samples-per-class", type=int, default=20, help="generation: samples scored per class")
     parser.add_argument("--train-flags", default="", help="flags added to every training command, e.g. '--lr 0.08'")
+    parser.add_argument("--head-channels", type=int, default=32,
+                        help="the attention variant's channels per head (DiT's and DeiT's own: 64)")
     args = parser.parse_args(argv)
-    global FULL_LENGTH, SAMPLES_PER_CLASS
+    global FULL_LENGTH, SAMPLES_PER_CLASS, HEAD_CHANNELS
+    HEAD_CHANNELS = args.head_channels
     SAMPLES_PER_CLASS = args.samples_per_class
     EXTRA_FLAGS[:] = shlex.split(args.train_flags)
     if args.full:
@@ -287,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         table = markdown(task, mine, costs)
         (args.out / f"{task}.md").write_text(
             f"# {task}: the offline job at {EPOCHS[task]} epochs{' (its full length)' if FULL_LENGTH else ''}, per variant (mean ± sd over seeds)\n\n{table}\n\n"
-            f"Variants: {LEGEND}\n\n"
+            f"Variants: {legend()}\n\n"
             f"Machine: {record['machine']['cpu']}, {record['machine']['cpu_count']} cores, torch "
             f"{record['machine']['torch']}, one thread per run. Command: `{record['command']}`; each run's "
             f"command line is in {task}.json.\n")

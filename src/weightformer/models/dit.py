@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from diffusers.models.embeddings import get_2d_sincos_pos_embed, get_timestep_embedding
-from timm.layers import Attention, Mlp, PatchEmbed
+from timm.layers import Attention, Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
 
 from ..layers import DynamicDWConv, DynamicLinear
@@ -28,6 +28,7 @@ __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBloc
 
 FREQUENCY_EMBEDDING_SIZE = 256  # DiT's timestep frequency embedding width
 RELEASE_GUIDED_CHANNELS = 3  # the release (and DiT) guide output channels [0, 3) "for exact reproducibility"
+BLOCK_INITS = ("dit", "vit")  # the blocks' linear layers: DiT's Xavier-uniform, or timm's ViT truncated normal
 _tanh_gelu = partial(nn.GELU, approximate="tanh")
 
 
@@ -187,12 +188,14 @@ class FinalLayer(nn.Module):
 
 class WeightFormerDiT(nn.Module):
     """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
-    classifier, ``linear_predictor`` and ``dynamic_period`` choose the dynamic MLP predictor and dynamic blocks."""
+    classifier, ``linear_predictor`` and ``dynamic_period`` choose the dynamic MLP predictor and dynamic blocks;
+    ``block_init`` how the blocks' mixer and MLP linear layers are drawn (:meth:`initialize_weights`)."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
                  learn_sigma: bool = True, mixer: str = "weightformer", num_heads: int = 16,
-                 guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3):
+                 guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3,
+                 block_init: str = "dit"):
         super().__init__()
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
@@ -202,6 +205,9 @@ class WeightFormerDiT(nn.Module):
             raise ValueError("linear_predictor and dynamic_period choose WeightFormer blocks; the attention DiT has none")
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
+        if block_init not in BLOCK_INITS:
+            raise ValueError(f"block_init must be one of {BLOCK_INITS}, got {block_init!r}")
+        self.block_init = block_init
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
         self.learn_sigma, self.out_channels = learn_sigma, in_channels * 2 if learn_sigma else in_channels
         self.num_classes, self.mixer, self.guidance = num_classes, mixer, guidance
@@ -223,12 +229,21 @@ class WeightFormerDiT(nn.Module):
 
     def initialize_weights(self) -> None:
         """DiT's: Xavier-uniform linear layers and patch embedding, N(0, 0.02) label table and timestep MLP, zeroed
-        adaLN and output layers (adaLN-Zero); the dynamic layers keep the release's truncated normal."""
+        adaLN and output layers (adaLN-Zero); the dynamic layers keep the release's truncated normal.
+        ``block_init="vit"`` draws the blocks' mixer and MLP linear layers (attention's qkv and proj, the MLP's
+        two layers) from timm's ViT init instead, a truncated normal of std 0.02 as timm's DeiT: about 4x
+        smaller than Xavier at width 64, so the first optimizer steps, not the draw, set the weights
+        (docs/generation.md: the attention DiT's score at the offline job's length follows its blocks' draw)."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if self.block_init == "vit":
+            for block in self.blocks:
+                for name, module in block.named_modules():
+                    if type(module) is nn.Linear and not name.startswith("adaLN") and ".predictor." not in f".{name}":
+                        trunc_normal_(module.weight, std=0.02)
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.zeros_(self.x_embedder.proj.bias)
