@@ -19,7 +19,7 @@ a finished ``last.pt`` is not run again. Variants:
 - ``long_range_centered``: ``--long-range --model-kwargs linear_predictor=centered``: every block dynamic
   with the ``centered`` predictor (docs/analysis.md §5, resolution transfer);
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels (``--head-channels``), the
-  recipe's other model settings.
+  recipe's other model settings; both drawn with timm's ViT init (DiT's blocks with ``block_init=vit``).
 
 Scores are the last epoch's (the budget is the same for all): bbox/segm mAP, mIoU; for generation the
 samples of ``weightformer gen sample`` (``--samples-per-class``, 20 by default; DDIM 50 steps, cfg 4, seed 0) scored by
@@ -87,7 +87,9 @@ def variant_flags(task: str, variant: str) -> list[str]:
     kwargs = recipe["model_kwargs"]
     if task == "gen":
         heads = kwargs["hidden_size"] // HEAD_CHANNELS
-        return ["--model", recipe["model"].replace("wf_dit", "dit"), *_kwargs_flags({**kwargs, "num_heads": heads})]
+        # timm's ViT init of the blocks: DiT's Xavier draw sets its score at this length (gen_candidates.md)
+        return ["--model", recipe["model"].replace("wf_dit", "dit"),
+                *_kwargs_flags({**kwargs, "num_heads": heads, "block_init": "vit"})]
     heads = kwargs["embed_dim"] // HEAD_CHANNELS
     return ["--model", "deit_tiny_patch16_224",
             *_kwargs_flags({**kwargs, "num_heads": heads, "img_size": recipe["img_size"]})]
@@ -217,7 +219,8 @@ def legend() -> str:
             "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
             "predictor at the released placement, one dynamic block in three); `long_range_centered` `--long-range` "
             "with the `centered` predictor; `attention` DeiT or DiT of the "
-            f"same width and depth, {HEAD_CHANNELS} channels per head. Scores are the last epoch's; seeds column: the "
+            f"same width and depth, {HEAD_CHANNELS} channels per head, blocks drawn with timm's ViT init "
+            "(`block_init=vit` for DiT). Scores are the last epoch's; seeds column: the "
             "first score per seed. Costs of the first seed's model, one thread, after the runs.")
 
 
