@@ -246,6 +246,7 @@ def markdown(task: str, rows: list[dict[str, Any]], costs: dict[str, dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
+    global FULL_LENGTH, SAMPLES_PER_CLASS, HEAD_CHANNELS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=list(EPOCHS), choices=list(EPOCHS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -259,10 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="this many epochs for every task given (instead of the budget)")
     parser.add_argument("--samples-per-class", type=int, default=20, help="generation: samples scored per class")
     parser.add_argument("--train-flags", default="", help="flags added to every training command, e.g. '--lr 0.08'")
-    parser.add_argument("--head-channels", type=int, default=32,
+    parser.add_argument("--head-channels", type=int, default=HEAD_CHANNELS,
                         help="the attention variant's channels per head (DiT's and DeiT's own: 64)")
     args = parser.parse_args(argv)
-    global FULL_LENGTH, SAMPLES_PER_CLASS, HEAD_CHANNELS
     HEAD_CHANNELS = args.head_channels
     SAMPLES_PER_CLASS = args.samples_per_class
     EXTRA_FLAGS[:] = shlex.split(args.train_flags)
