@@ -18,6 +18,7 @@ from weightformer.bench.cli import add_arguments, config_from_args, parse_batche
 from weightformer.bench.subjects import SUBJECTS, suite
 from weightformer.bench.timing import median, paired_ratio, side_by_side
 from weightformer.bench.sweep import csv_text, markdown_table
+from weightformer.engine.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -207,11 +208,65 @@ def test_cli_options_build_a_config():
 
 
 def test_gpu_largest_batch_bisection(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "gpu.py")
-    gpu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu)
+    gpu = _gpu_script()
     monkeypatch.setattr(gpu, "_fits", lambda model, batch, resolution, device: batch <= 37)
     assert gpu.largest_batch(None, 1248, "cuda", max_batch=4096) == 37
     assert gpu.largest_batch(None, 1248, "cuda", max_batch=16) == 16
     monkeypatch.setattr(gpu, "_fits", lambda model, batch, resolution, device: False)
     assert gpu.largest_batch(None, 1248, "cuda", max_batch=16) == 0
+
+
+def _gpu_script():
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    return gpu
+
+
+def test_gpu_runtimes_are_checked():
+    gpu = _gpu_script()
+    assert gpu.parse_runtimes("eager,compile") == ["eager", "compile"]
+    for text in ("", "eager,jit"):
+        with pytest.raises(ConfigError, match="--runtimes must be a comma-separated list of compile, eager"):
+            gpu.parse_runtimes(text)
+    assert gpu.relative_difference(torch.ones(4), torch.ones(4)) == 0.0
+    assert gpu.relative_difference(torch.tensor([0.0, 10.0]), torch.tensor([0.0, 5.0])) == pytest.approx(1.0)
+
+
+def test_gpu_targets_against_each_baseline():
+    gpu = _gpu_script()
+
+    def row(img_per_s, **peaks):
+        return {"img_per_s": img_per_s, "memory_at_batch_of": {k.replace("_", "-"): {"peak_gib": v} for k, v in peaks.items()}}
+
+    results = {"wf-t": row(800.0, deit_t=4.0, deit_t_explicit=1.0), "deit-t": row(100.0, deit_t=50.0),
+               "deit-t-explicit": row(200.0, deit_t_explicit=20.0)}
+    rows = {(r["target"], r["runtime"]): r for r in gpu.targets(results, "eager")}
+    fused = rows[("1248² bf16 throughput, largest batches: WeightFormer-T / deit-t", "eager")]
+    assert fused["measured"] == 8.0 and fused["met"] is True
+    explicit = rows[("1248² bf16 throughput, largest batches: WeightFormer-T / deit-t-explicit", "eager")]
+    assert explicit["measured"] == 4.0 and explicit["met"] is False
+    memory = rows[("1248² bf16 peak memory at deit-t-explicit's largest batch: WeightFormer-T / deit-t-explicit", "eager")]
+    assert memory["measured"] == pytest.approx(0.05) and memory["met"] is True
+    assert gpu.targets({"deit-t": row(1.0, deit_t=1.0)}, "compile")[0]["met"] is None
+
+
+def test_gpu_out_of_memory_reported_as_a_cuda_error_is_a_batch_that_does_not_fit(monkeypatch):
+    gpu = _gpu_script()
+    monkeypatch.setattr(gpu, "_release", lambda: None)
+    monkeypatch.setattr(gpu, "_images", lambda batch, resolution, device: None)
+    monkeypatch.setattr(gpu.torch.cuda, "synchronize", lambda device: None)
+
+    def failing(message):
+        def make(model, images, dtype):
+            def call():
+                raise RuntimeError(message)
+            return call
+        return make
+
+    monkeypatch.setattr(gpu, "inference_call", failing("CUDA error: out of memory"))
+    assert gpu._fits(None, 8, 1248, "cuda") is False
+    monkeypatch.setattr(gpu, "inference_call", failing("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        gpu._fits(None, 8, 1248, "cuda")
+    assert gpu.relative_difference(torch.tensor([0.0, 10.0]), torch.tensor([0.0, 5.0])) == pytest.approx(1.0)
