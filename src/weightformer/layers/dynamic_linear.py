@@ -42,6 +42,10 @@ class _AddNormalisedRows(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         delta, norm, scale = ctx.saved_tensors
+        # baddbmm's backward hands g over as a transposed view of a (B, C, O) tensor. One copy into Δ's (B, O, C)
+        # layout first: the products with Δ and the batch sum then read memory in order, 3.5 against 15.9 ms
+        # for T's (16, 768, 192) on a 2-core Xeon (2026-12-04); the batch sum alone of the view took 6.5 ms.
+        grad = grad.contiguous()
         dot = (grad * delta).sum(-1, keepdim=True)  # ⟨g, Δ⟩ per row
         coef = dot * scale * scale / norm.clamp_min(torch.finfo(norm.dtype).tiny)
         grad_delta = (grad * scale).addcmul_(delta, coef, value=-1.0)
