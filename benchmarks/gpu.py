@@ -19,12 +19,13 @@ After the first resolution, an agreement check: WeightFormer-T (random weights) 
 large sizes, compiled against eager in fp32, and bf16 autocast (eager and compiled) against eager fp32:
 the relative difference of the logits, ‖a − b‖ / ‖b‖, and whether every logit is finite.
 
-Writes benchmarks/results/gpu/gpu_<gpu name>.json after each stage, so a run cut short keeps what it measured.
+Writes benchmarks/results/gpu/gpu_<gpu name>.json (``--out-dir``) after each stage, so a run cut short keeps what
+it measured; an earlier result of the same GPU is refused unless ``--overwrite`` moves it aside.
+``benchmarks/run_gpu.sh`` runs this after a profile of eager WeightFormer-T, in the order a short lease affords.
 """
 
 import argparse
 import gc
-import json
 import re
 import sys
 import time
@@ -35,7 +36,7 @@ import torch
 
 from weightformer.bench.memory import cuda_peak
 from weightformer.engine.errors import ConfigError
-from weightformer.bench.results import check_out_dir, describe, machine_info
+from weightformer.bench.results import claim_out_dir, describe, machine_info, write_results
 from weightformer.bench.subjects import INFER, get_subject, make_call
 from weightformer.bench.timing import iterations_for, median, time_call
 
@@ -201,6 +202,11 @@ def targets(results: Dict[str, dict], runtime: str) -> List[Dict[str, object]]:
                      "detail": "WeightFormer-T or every DeiT-T baseline did not run"}]
 
 
+def result_name(gpu: str) -> str:
+    """The result file of a GPU: ``gpu_<its name in lower case, runs of other characters as _>.json``."""
+    return "gpu_" + re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_") + ".json"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="wf-t,deit-t,deit-t-explicit", help="comma-separated model keys")
@@ -211,26 +217,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-agreement", action="store_true", help="skip the compiled/bf16 agreement check")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/gpu"))
+    parser.add_argument("--overwrite", action="store_true", help="move an earlier result of this GPU aside first")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: benchmarks/gpu.py needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
+    machine = machine_info(args.device)
+    name = result_name(machine["gpu"])
     try:
         runtimes = parse_runtimes(args.runtimes)
-        check_out_dir(args.out_dir, names=[], flag="--out-dir")  # before the measurements, not after them
+        # before the measurements, not after them: the folder is writable and no earlier result is lost
+        claim_out_dir(args.out_dir, [name], args.overwrite, "benchmarks/gpu.py", flag="--out-dir")
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    machine = machine_info(args.device)
     print(f"machine: {describe(machine)}", flush=True)
     document = {"machine": machine, "dtype": "bfloat16 autocast", "mode": "inference",
                 "compile": "torch.compile(model, dynamic=True)", "max_batch": args.max_batch, "runtimes": {}}
-    out = args.out_dir / ("gpu_" + re.sub(r"[^a-z0-9]+", "_", machine["gpu"].lower()).strip("_") + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
 
     def write() -> None:
-        out.write_text(json.dumps(document, indent=2) + "\n")
+        write_results(args.out_dir, {name: document})
 
     for index, resolution in enumerate(int(r) for r in args.resolutions.split(",") if r):
         for runtime in runtimes:
@@ -249,7 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         status = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
         print(f"{t['target']} ({t['runtime']}): {t.get('measured', float('nan')):.3f} "
               f"({t.get('comparison', '')} {t.get('threshold', '')}) {status}")
-    print(f"wrote {out}")
+    print(f"wrote {args.out_dir / name}")
     return 0
 
 

@@ -270,3 +270,33 @@ def test_gpu_out_of_memory_reported_as_a_cuda_error_is_a_batch_that_does_not_fit
     with pytest.raises(RuntimeError, match="illegal memory access"):
         gpu._fits(None, 8, 1248, "cuda")
     assert gpu.relative_difference(torch.tensor([0.0, 10.0]), torch.tensor([0.0, 5.0])) == pytest.approx(1.0)
+
+
+def test_gpu_script_keeps_an_earlier_result_unless_told(monkeypatch, tmp_path, capsys):
+    """The stages' bookkeeping without a GPU: one JSON per GPU, written after each stage through the shared
+    writer, and an earlier result of the same GPU refused in one line unless --overwrite moves it aside."""
+    gpu = _gpu_script()
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "machine_info", lambda device: {"gpu": "Test GPU (H) 1"})
+    monkeypatch.setattr(gpu, "describe", lambda machine: "test machine")
+    stages = []
+
+    def compare(models, resolution, device, max_batch, repetitions, runtime):
+        stages.append((resolution, runtime))
+        return {key: {"largest_batch": 1} for key in models}
+
+    monkeypatch.setattr(gpu, "compare", compare)
+    monkeypatch.setattr(gpu, "agreement", lambda device: stages.append("agreement") or {"sizes": {}})
+    argv = ["--out-dir", str(tmp_path), "--resolutions", "1248,64", "--models", "wf-t"]
+    assert gpu.main(argv) == 0
+    assert stages == [(1248, "eager"), (1248, "compile"), "agreement", (64, "eager"), (64, "compile")]
+    written = json.loads((tmp_path / "gpu_test_gpu_h_1.json").read_text())
+    assert set(written["runtimes"]["compile"]) == {"1248", "64"} and "agreement" in written
+    assert written["targets"][0]["met"] is None  # no DeiT-T ran: the targets say so
+    capsys.readouterr()
+    assert gpu.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: --out-dir ") and "gpu_test_gpu_h_1.json" in err and "--overwrite" in err
+    assert len(err.splitlines()) == 1 and len(stages) == 5  # refused before measuring
+    assert gpu.main(argv + ["--overwrite"]) == 0
+    assert len(list(tmp_path.glob("gpu_test_gpu_h_1.json*"))) == 2  # the earlier result moved aside, not lost

@@ -101,13 +101,13 @@ def check_out_dir(out_dir: Path, names: Sequence[str], flag: str = "--out") -> N
 
 
 def claim_out_dir(out_dir: Path, names: Sequence[str], overwrite: bool, command: str, keep: bool = False,
-                  hint: str = "", log: Callable[[str], None] = print) -> List[Path]:
+                  hint: str = "", log: Callable[[str], None] = print, flag: str = "--out") -> List[Path]:
     """The output rule, before the work; ``keep`` (``--resume``) leaves the files in place; the files moved aside."""
     out_dir = Path(out_dir)
-    check_out_dir(out_dir, names)
+    check_out_dir(out_dir, names, flag)
     if keep:
         return []
-    moved = claim_outputs([out_dir / name for name in names], overwrite, command, "--out", hint=hint)
+    moved = claim_outputs([out_dir / name for name in names], overwrite, command, flag, hint=hint)
     if moved:
         log(f"--overwrite: the earlier results moved aside ({', '.join(p.name for p in moved)}, in {out_dir})")
     return moved
