@@ -11,7 +11,6 @@ bound on what registering them as ``torch.library`` custom ops would give, graph
 """
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -20,7 +19,7 @@ import weightformer.layers.dynamic_linear as dynamic_linear
 import weightformer.models.weightformer as weightformer_model
 from weightformer.bench.results import describe, machine_info
 from weightformer.bench.subjects import TRAIN, get_subject, prepare
-from weightformer.bench.timing import keep_freed_memory
+from weightformer.bench.timing import keep_freed_memory, median, paired_ratio, side_by_side
 from weightformer.engine.loop import compiled
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,13 +43,6 @@ steps["compiled"] = prepare(subject, TRAIN, args.resolution, args.batch, "cpu", 
 steps["compiled"]()
 steps["compiled"]()
 print(f"compilation and two first steps: {time.perf_counter() - start:.0f} s")
-seconds = {key: [] for key in steps}
-for _ in range(args.rounds):
-    for key, step in steps.items():
-        start = time.perf_counter()
-        for _ in range(3):
-            step()
-        seconds[key].append((time.perf_counter() - start) / 3)
+seconds = side_by_side(steps, args.rounds, "cpu", {key: 3 for key in steps})
 for key, samples in seconds.items():
-    speedup = statistics.median([e / s for e, s in zip(seconds["eager"], samples)])
-    print(f"{key}: {statistics.median(samples):.3f} s per step, eager / {key} {speedup:.2f}×")
+    print(f"{key}: {median(samples):.3f} s per step, eager / {key} {paired_ratio(seconds['eager'], samples):.2f}×")

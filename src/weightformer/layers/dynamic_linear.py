@@ -28,7 +28,8 @@ __all__ = ["LINEAR_PREDICTORS", "DynamicLinear", "BilateralPredictor", "LinearPr
 
 class _AddNormalisedRows(torch.autograd.Function):
     """W + Δ/(‖Δ‖+1), row-wise, with a hand-written backward: six passes over the per-sample weights
-    (B, O, C), one of them a copy of the gradient into Δ's layout, where autograd makes about a dozen. With s = 1/(‖Δ‖+1) and g the output gradient:
+    (B, O, C), one of them a copy of the gradient into Δ's layout, where autograd makes about a dozen.
+    With s = 1/(‖Δ‖+1) and g the output gradient:
     ∂/∂Δ = g·s − Δ·s²·⟨g, Δ⟩/‖Δ‖ and ∂/∂W = Σ_batch g."""
 
     @staticmethod
