@@ -61,6 +61,33 @@ def test_dynamic_period_ablation(period, expected):
     assert [i for i, b in enumerate(model.blocks) if b.dynamic] == expected
 
 
+@pytest.mark.parametrize("period, dwc_period, convs", [(1, 3, [1, 4]), (1, 0, []), (3, 6, [4]), (1, None, [0, 1, 2, 3, 4])])
+def test_dwc_dynamic_period_makes_the_other_dynamic_blocks_convs_static(period, dwc_period, convs):
+    model = WeightFormer(embed_dim=32, depth=5, dynamic_period=period, dwc_dynamic_period=dwc_period, device="meta")
+    assert [i for i, b in enumerate(model.blocks) if isinstance(b.dwc, DynamicDWConv)] == convs
+    for i, block in enumerate(model.blocks):  # the MLP and the stream's norm follow dynamic_period alone
+        assert isinstance(block.mlp.fc1, DynamicLinear) == is_dynamic_block(i, period)
+        assert isinstance(block.norm_stream, nn.LayerNorm) == is_dynamic_block(i, period)
+        if i not in convs:  # a static conv is the static blocks' own: depthwise 3x3 with a bias
+            assert type(block.dwc) is nn.Conv2d and block.dwc.groups == 32 and block.dwc.bias is not None
+
+
+def test_dwc_dynamic_period_runs_both_paths_alike():
+    model = small_model(dynamic_period=1, dwc_dynamic_period=3)
+    x = torch.randn(2, 3, 64, 80)
+    with torch.inference_mode():  # each block's in-place inference path
+        fast = model(x)
+    plain = model(x)  # gradients recorded: each block's forward
+    torch.testing.assert_close(fast, plain.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dwc_period, message", [(2, "makes the conv of a static block dynamic"),
+                                                 (-1, "must be an int >= 0"), (True, "must be an int >= 0")])
+def test_dwc_dynamic_period_refuses_what_it_cannot_build(dwc_period, message):
+    with pytest.raises(ValueError, match=message):
+        WeightFormer(embed_dim=32, depth=5, dynamic_period=3, dwc_dynamic_period=dwc_period, device="meta")
+
+
 def test_no_class_token_no_position_embedding_layernorm_after_patches():
     model = small_model()
     names = [n for n, _ in model.named_parameters()]

@@ -184,24 +184,26 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """One WeightFormer block: x = N(x); x = x + DWC(x); x = x + DropPath(MLP(LN(x))). Static blocks: a depthwise
     3×3 conv, a plain MLP, N = identity. Dynamic: :class:`DynamicDWConv`, a :class:`DynamicLinear` fc1 and N a
-    LayerNorm on the residual stream, as in the authors' release."""
+    LayerNorm on the residual stream, as in the authors' release. ``dynamic_dwc`` (None: ``dynamic``) chooses the
+    conv apart from the rest: a dynamic block with a static conv, say."""
 
     def __init__(self, dim: int, mlp_ratio: float = 4.0, dynamic: bool = False, proj_drop: float = 0.0,
                  drop_path: float = 0.0, dwc_kernel_size: int = 3, linear_predictor: str = "bilateral",
                  dwc_predictor: str = "adaptive", predictor_reduction: int = 4,
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
-                 device=None, dtype=None):
+                 dynamic_dwc: Optional[bool] = None, device=None, dtype=None):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         hidden = int(dim * mlp_ratio)
         self.dynamic = dynamic
-        if dynamic:
-            self.norm_stream = norm_layer(dim, **dd)
+        self.norm_stream = norm_layer(dim, **dd) if dynamic else nn.Identity()
+        if dynamic if dynamic_dwc is None else dynamic_dwc:
             self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, **dd)
+        else:
+            self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
+        if dynamic:
             fc1 = DynamicLinear(dim, hidden, predictor=linear_predictor, reduction=predictor_reduction, **dd)
         else:
-            self.norm_stream = nn.Identity()
-            self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
             fc1 = nn.Linear(dim, hidden, **dd)
         self.norm_mlp = norm_layer(dim, **dd)
         self.mlp = Mlp(fc1, hidden, dim, act_layer, proj_drop, dd)
@@ -271,10 +273,12 @@ class WeightFormer(LinearClassifier, nn.Module):
                  drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer: Optional[Callable[..., nn.Module]] = None,
                  act_layer: Optional[Callable[..., nn.Module]] = None, dynamic_img_size: bool = True,
-                 dynamic_img_pad: bool = False, device=None, dtype=None):
+                 dynamic_img_pad: bool = False, dwc_dynamic_period: Optional[int] = None, device=None, dtype=None):
         """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` must be True (no position embedding);
         ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the pixels past the
-        last whole patch, as the release does."""
+        last whole patch, as the release does. ``dynamic_period`` chooses the dynamic blocks; ``dwc_dynamic_period``
+        chooses, in the same way, those whose depthwise conv is dynamic (None: the dynamic blocks, as the release;
+        it may name only dynamic blocks)."""
         super().__init__()
         check_global_pool(global_pool)
         if dynamic_img_size is not True:
@@ -287,6 +291,14 @@ class WeightFormer(LinearClassifier, nn.Module):
             raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio!r}")
         if dynamic_period < 0:
             raise ValueError(f"dynamic_period must be >= 0 (0: all blocks static), got {dynamic_period}")
+        if dwc_dynamic_period is not None:
+            if isinstance(dwc_dynamic_period, bool) or not isinstance(dwc_dynamic_period, int) or dwc_dynamic_period < 0:
+                raise ValueError(f"dwc_dynamic_period must be an int >= 0 (0: every conv static) or None (the "
+                                 f"dynamic blocks' convs), got {dwc_dynamic_period!r}")
+            if any(is_dynamic_block(i, dwc_dynamic_period) and not is_dynamic_block(i, dynamic_period)
+                   for i in range(depth)):
+                raise ValueError(f"dwc_dynamic_period={dwc_dynamic_period} makes the conv of a static block dynamic "
+                                 f"(dynamic_period={dynamic_period}); choose a multiple of dynamic_period, or 0")
         dd = dict(device=device, dtype=dtype)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
@@ -310,7 +322,9 @@ class WeightFormer(LinearClassifier, nn.Module):
                 Block(embed_dim, mlp_ratio=mlp_ratio, dynamic=is_dynamic_block(i, dynamic_period),
                       proj_drop=proj_drop_rate, drop_path=drop_path_rates[i], dwc_kernel_size=dwc_kernel_size,
                       linear_predictor=linear_predictor, dwc_predictor=dwc_predictor,
-                      predictor_reduction=predictor_reduction, norm_layer=norm_layer, act_layer=act_layer, **dd)
+                      predictor_reduction=predictor_reduction, norm_layer=norm_layer, act_layer=act_layer,
+                      dynamic_dwc=None if dwc_dynamic_period is None else is_dynamic_block(i, dwc_dynamic_period),
+                      **dd)
                 for i in range(depth)])
             self.norm = norm_layer(embed_dim, **dd)
             self.head_drop = nn.Dropout(drop_rate)
