@@ -1,4 +1,5 @@
-"""The long-range predictors (score_pool, centered, double_centered, median_polished, score_gap, median_gap) and
+"""The long-range predictors (score_pool, centered, double_centered, its gated form, median_polished, score_gap,
+median_gap) and
 the models registered on them."""
 
 import numpy as np
@@ -19,6 +20,7 @@ from weightformer.layers.long_range_predictors import (
     BilateralUnitPredictor,
     CenteredPredictor,
     DoubleCenteredPredictor,
+    GatedDoubleCenteredPredictor,
     MedianGapKernelPredictor,
     MedianPolishedPredictor,
     ScorePoolKernelPredictor,
@@ -112,6 +114,51 @@ def test_double_centered_is_the_covariance_of_the_two_way_residuals():
     residual = torch.einsum("hk,bokl,wl->bohw", J3, p, J4).flatten(2)  # (B, 16, 12)
     core = torch.einsum("bit,bjt->bij", residual[:, :8], residual[:, 8:])
     torch.testing.assert_close(predictor(x), _lift(predictor, core), rtol=1e-4, atol=1e-6)
+
+
+def test_gated_double_centered_scales_the_two_way_covariance_by_an_exponential_gain():
+    """ΔW = g₀·exp(30·s)·U_inᵀ·unit(core)·U_out with the double-centred core written out as above; s starts at 0,
+    so the gated predictor starts where double_centered does, and g₀ depends only on the shapes."""
+    predictor = GatedDoubleCenteredPredictor(32, 32)
+    assert float(predictor.gain) == 0.0
+    torch.manual_seed(0)
+    plain = DoubleCenteredPredictor(32, 32)
+    assert predictor.start == pytest.approx(float(plain.gain))  # g₀ = 0.3 / (0.02² · √(8 · 8 · 32))
+    _randomise(predictor)
+    predictor.gain.data.fill_(-0.05)  # g = g₀·exp(-1.5), far from g₀
+    x = torch.randn(3, 6, 8, 32)
+    p = _activated_grid(predictor, x)
+    J3, J4 = torch.eye(3) - 1 / 3, torch.eye(4) - 1 / 4
+    residual = torch.einsum("hk,bokl,wl->bohw", J3, p, J4).flatten(2)
+    core = torch.einsum("bit,bjt->bij", residual[:, :8], residual[:, 8:])
+    unit = core / (core.pow(2).mean(dim=(1, 2), keepdim=True).sqrt() + 1e-6)
+    gain = 0.3 / (0.02**2 * (8 * 8 * 32) ** 0.5) * torch.exp(30 * predictor.gain)
+    expected = gain * torch.einsum("ic,bij,jo->boc", predictor.in_basis, unit, predictor.out_basis)
+    torch.testing.assert_close(predictor(x), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_one_adam_step_moves_the_gated_gain_by_a_factor_and_the_plain_one_by_a_hair():
+    """What the log scale is for: a step of Adam (lr 1e-3) changes s by about 1e-3, which multiplies the gated gain
+    by exp(±0.03), where the plain gain (about 3 at 64-d) changes by 1e-3 of 3."""
+    x = torch.randn(2, 8, 8, 64)
+    for cls, low, high in ((GatedDoubleCenteredPredictor, 0.02, 0.04), (DoubleCenteredPredictor, 1e-4, 1e-3)):
+        torch.manual_seed(0)
+        predictor = cls(64, 256)
+        optimizer = torch.optim.Adam([predictor.gain], lr=1e-3)
+        before = float(predictor.current_gain())
+        predictor(x).square().sum().backward()  # any loss: Adam's first step is lr times the gradient's sign
+        optimizer.step()
+        change = abs(float(predictor.current_gain()) / before - 1)
+        assert low < change < high, (cls.__name__, change)
+
+
+def test_gated_double_centered_scripts_and_matches_eager():
+    model = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=3, depth=2,
+                              linear_predictor="double_centered_gated", dwc_dynamic_period=3).eval()
+    _randomise(model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x))
 
 
 def test_double_centered_ignores_what_varies_only_along_rows_or_columns():
@@ -227,7 +274,9 @@ def test_new_names_are_in_the_registries_and_layers_build_with_them():
     x = torch.randn(2, 5, 3, 32)  # odd grid side
     assert LINEAR_PREDICTORS["double_centered"] is DoubleCenteredPredictor
     assert LINEAR_PREDICTORS["median_polished"] is MedianPolishedPredictor
-    for name in ("score_pool", "centered", "double_centered", "median_polished", "bilateral_unit"):
+    assert LINEAR_PREDICTORS["double_centered_gated"] is GatedDoubleCenteredPredictor
+    for name in ("score_pool", "centered", "double_centered", "double_centered_gated", "median_polished",
+                 "bilateral_unit"):
         assert DynamicLinear(32, 128, predictor=name)(x).shape == (2, 5, 3, 128)
     for name in ("score_gap", "median_gap"):
         assert DynamicDWConv(32, 5, predictor=name)(x.permute(0, 3, 1, 2)).shape == (2, 32, 5, 3)

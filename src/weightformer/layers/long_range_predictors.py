@@ -15,6 +15,12 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   D = σ(P) − row mean − column mean + grid mean, core = Σ_t D_in,tᵀ D_out,t: any sum of a row and a column
   pattern drops out, such as the borders of zero-padded convolutions, which under ``centered`` make ΔW change
   with the canvas size (docs/analysis.md, "Resolution transfer").
+- ``double_centered_gated``: ``double_centered`` with g = g₀·exp(κ·s), s a learned scalar from 0 and κ = 30. The
+  plain gain g is a parameter of about 3 (64-d) that Adam moves by about the learning rate per step, so in a
+  short run it stays where it starts (±0.06 in 900 steps of detection): a fixed choice between learning
+  relations quickly (large g₀) and costing nothing on local tasks (small g₀). On the log scale the same steps
+  change g by orders of magnitude, so each task sets it: detection shrinks it, the probes keep it
+  (docs/analysis.md, "No cost on local tasks").
 - ``median_polished``: as ``double_centered`` with medians for means (one pass of Tukey's median polish: each
   row's median removed, then each column's), core = Σ_t M_in,tᵀ M_out,t. Background inserted into the canvas
   moves a row or column mean (so under ``double_centered`` every background token's residual, and ΔW with
@@ -38,7 +44,8 @@ from .dynamic_dwconv import GapKernelPredictor
 from .dynamic_layer import register_predictor
 from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
-__all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "MedianPolishedPredictor",
+__all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "GatedDoubleCenteredPredictor",
+           "MedianPolishedPredictor",
            "MedianGapKernelPredictor", "ScorePoolKernelPredictor", "ScorePoolPredictor", "double_center",
            "median_polish"]
 
@@ -58,22 +65,27 @@ class BilateralUnitPredictor(_LowRankPredictor):
 
     def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
         super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
+        # g₀: ΔW's columns start about _INIT_COLUMN_NORM long
+        self.start = _INIT_COLUMN_NORM / (_INIT_STD**2 * (self.in_rank * self.out_rank * self.in_features) ** 0.5)
         self.gain = nn.Parameter(torch.empty((), device=device, dtype=dtype))
         self._reset_gain()
 
     def _reset_gain(self) -> None:
-        start = _INIT_COLUMN_NORM / (_INIT_STD**2 * (self.in_rank * self.out_rank * self.in_features) ** 0.5)
         with torch.no_grad():
-            self.gain.fill_(start)
+            self.gain.fill_(self.start)
 
     def reset_parameters(self) -> None:
         """W_p, U_in, U_out as the release, then the gain g₀."""
         super().reset_parameters()
         self._reset_gain()
 
+    def current_gain(self) -> Tensor:
+        """g, the factor on unit(core): here the parameter itself."""
+        return self.gain
+
     def unit_expand(self, core: Tensor) -> Tensor:
         """g·U_inᵀ·unit(core)·U_out as ΔWᵀ (B, O, C), core (B, C/r, O/r)."""
-        return self.expand(core * (self.gain / (_rms(core, [1, 2]) + 1e-6)))
+        return self.expand(core * (self.current_gain() / (_rms(core, [1, 2]) + 1e-6)))
 
     def activated(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The pooled tokens X̄ (B, N', C) and σ(P_in) (B, N', C/r), σ(P_out) (B, N', O/r)."""
@@ -159,6 +171,24 @@ class DoubleCenteredPredictor(BilateralUnitPredictor):
         rows, cols = H // window_h, W // window_w  # the grid pool_2x2 leaves
         p_in, p_out = self.center(p_in, rows, cols), self.center(p_out, rows, cols)
         return self.unit_expand(torch.matmul(p_in.transpose(1, 2), p_out))
+
+
+@register_predictor("linear", "double_centered_gated")
+class GatedDoubleCenteredPredictor(DoubleCenteredPredictor):
+    """``double_centered`` with its gain on a log scale that training can move: g = g₀·exp(κ·s), the parameter
+    ``gain`` holding s (0 at init, so g starts at g₀ as before) and κ = :attr:`rate` (see module docstring)."""
+
+    def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
+        super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
+        self.rate = 30.0  # κ: Adam moves s by about lr per step, so g can change by orders of magnitude in a short run
+
+    def _reset_gain(self) -> None:
+        with torch.no_grad():
+            self.gain.zero_()
+
+    def current_gain(self) -> Tensor:
+        """g = g₀·exp(κ·s)."""
+        return self.start * torch.exp(self.rate * self.gain)
 
 
 @register_predictor("linear", "median_polished")
