@@ -248,3 +248,21 @@ def test_block_init_vit_draws_the_blocks_mixer_and_mlp_from_a_normal_of_std_002(
     assert dit_fc.abs().max() <= bound and dit_fc.std() > 0.05  # "dit" (the default) keeps Xavier
     with pytest.raises(ValueError, match="block_init must be one of"):
         create_dit(name, block_init="xavier", **kwargs)
+
+
+def test_dwc_dynamic_period_makes_the_other_dynamic_blocks_convs_static():
+    """As in the classifier: every block's MLP dynamic, the conv dynamic only in blocks 1 and 4; refused for a
+    period that names a static block, and for the attention DiT."""
+    from weightformer.layers import DynamicDWConv, DynamicLinear
+
+    model = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES, dynamic_period=1, dwc_dynamic_period=3)
+    assert [isinstance(b.dwc, DynamicDWConv) for b in model.blocks] == [False, True, False, False, True]
+    assert all(isinstance(b.linear1, DynamicLinear) for b in model.blocks)
+    x, t, y = torch.randn(2, IN_CH, SIZE, SIZE), torch.tensor([10, 500]), torch.tensor([0, 3])
+    assert model(x, t, y).shape == (2, 2 * IN_CH, SIZE, SIZE)
+    with pytest.raises(ValueError, match="makes the conv of a static block dynamic"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, dwc_dynamic_period=2)
+    with pytest.raises(ValueError, match="attention DiT has none"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
+                        num_heads=4, dwc_dynamic_period=3)

@@ -18,6 +18,9 @@ a finished ``last.pt`` is not run again. Variants:
   placement and predictor can be told apart;
 - ``long_range_centered``: ``--long-range --model-kwargs linear_predictor=centered``: every block dynamic
   with the ``centered`` predictor (docs/analysis.md §5, resolution transfer);
+- ``long_range_local_dwc``: ``--long-range --model-kwargs dwc_dynamic_period=3``: the long-range design with
+  the release's dynamic depthwise conv only in the released blocks (docs/analysis.md §6);
+- ``long_range_gated``: that, with ``linear_predictor=double_centered_gated`` (the gain on a log scale, §6);
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels (``--head-channels``), the
   recipe's other model settings; both drawn with timm's ViT init (DiT's blocks with ``block_init=vit``).
 
@@ -46,7 +49,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "long_range"
-VARIANTS = ("released", "long_range", "released_placement", "long_range_centered", "attention")
+VARIANTS = ("released", "long_range", "released_placement", "long_range_centered", "long_range_local_dwc",
+            "long_range_gated", "attention")
 # The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
 # so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
 EPOCHS = {"det": 8, "seg": 25, "gen": 6}
@@ -80,6 +84,10 @@ def variant_flags(task: str, variant: str) -> list[str]:
         return ["--long-range"]
     if variant == "long_range_centered":
         return ["--long-range", "--model-kwargs", "linear_predictor=centered"]
+    if variant == "long_range_local_dwc":
+        return ["--long-range", "--model-kwargs", "dwc_dynamic_period=3"]
+    if variant == "long_range_gated":
+        return ["--long-range", "--model-kwargs", "linear_predictor=double_centered_gated", "dwc_dynamic_period=3"]
     if variant == "released_placement":
         from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
         return ["--model-kwargs", f"linear_predictor={LONG_RANGE_ARGS['linear_predictor']}"]
@@ -218,7 +226,9 @@ def legend() -> str:
     return ("`released` the recipe's model; `long_range` the same command with `--long-range` (the long-range "
             "predictor in every block); `released_placement` `--model-kwargs linear_predictor=...` (that "
             "predictor at the released placement, one dynamic block in three); `long_range_centered` `--long-range` "
-            "with the `centered` predictor; `attention` DeiT or DiT of the "
+            "with the `centered` predictor; `long_range_local_dwc` `--long-range --model-kwargs dwc_dynamic_period=3` "
+            "(the dynamic depthwise conv only in the released blocks); `long_range_gated` that with "
+            "`linear_predictor=double_centered_gated`; `attention` DeiT or DiT of the "
             f"same width and depth, {HEAD_CHANNELS} channels per head, blocks drawn with timm's ViT init "
             "(`block_init=vit` for DiT). Scores are the last epoch's; seeds column: the "
             "first score per seed. Costs of the first seed's model, one thread, after the runs.")

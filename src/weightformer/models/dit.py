@@ -22,7 +22,7 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..generation.choices import GUIDANCE_MODES  # torch-free: gen sample's command line lists them
-from .weightformer import is_dynamic_block
+from .weightformer import check_dwc_dynamic_period, is_dynamic_block
 
 __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
 
@@ -73,18 +73,21 @@ class WeightFormerDiTBlock(nn.Module):
     """The release's block: x = LN(x); x += g₁·DWC(mod(x)); x += g₂·MLP(mod(LN(x))); see the module docstring."""
 
     def __init__(self, hidden_size: int, mlp_ratio: float, grid: tuple[int, int], dynamic: bool,
-                 linear_predictor: str = "bilateral"):
+                 linear_predictor: str = "bilateral", dynamic_dwc: bool | None = None):
+        """``dynamic_dwc`` (None: ``dynamic``) chooses the conv apart from the MLP, as in the classifier's block."""
         super().__init__()
         hidden = int(hidden_size * mlp_ratio)
         self.grid, self.dynamic = grid, dynamic
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
-        if dynamic:
+        if dynamic if dynamic_dwc is None else dynamic_dwc:
             self.dwc = DynamicDWConv(hidden_size, 3)
-            self.linear1 = DynamicLinear(hidden_size, hidden, predictor=linear_predictor)
         else:
             self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
+        if dynamic:
+            self.linear1 = DynamicLinear(hidden_size, hidden, predictor=linear_predictor)
+        else:
             self.linear1 = nn.Linear(hidden_size, hidden)
         self.act = _tanh_gelu()
         self.linear2 = nn.Linear(hidden, hidden_size)
@@ -188,21 +191,24 @@ class FinalLayer(nn.Module):
 
 class WeightFormerDiT(nn.Module):
     """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
-    classifier, ``linear_predictor`` and ``dynamic_period`` choose the dynamic MLP predictor and dynamic blocks;
+    classifier, ``linear_predictor``, ``dynamic_period`` and ``dwc_dynamic_period`` choose the dynamic MLP predictor,
+    the dynamic blocks and those of them whose conv is dynamic;
     ``block_init`` how the blocks' mixer and MLP linear layers are drawn (:meth:`initialize_weights`)."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
                  learn_sigma: bool = True, mixer: str = "weightformer", num_heads: int = 16,
                  guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3,
-                 block_init: str = "dit"):
+                 block_init: str = "dit", dwc_dynamic_period: int | None = None):
         super().__init__()
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
         if guidance not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {guidance!r}")
-        if mixer == "attention" and (linear_predictor, dynamic_period) != ("bilateral", 3):
-            raise ValueError("linear_predictor and dynamic_period choose WeightFormer blocks; the attention DiT has none")
+        if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period) != ("bilateral", 3, None):
+            raise ValueError("linear_predictor, dynamic_period and dwc_dynamic_period choose WeightFormer blocks; the "
+                             "attention DiT has none")
+        check_dwc_dynamic_period(dwc_dynamic_period, dynamic_period, depth)
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
         if block_init not in BLOCK_INITS:
@@ -220,7 +226,8 @@ class WeightFormerDiT(nn.Module):
         self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
         if mixer == "weightformer":
             blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, is_dynamic_block(i, dynamic_period),
-                                           linear_predictor) for i in range(depth)]
+                                           linear_predictor, None if dwc_dynamic_period is None
+                                           else is_dynamic_block(i, dwc_dynamic_period)) for i in range(depth)]
         else:
             blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)

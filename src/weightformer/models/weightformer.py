@@ -29,7 +29,8 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
-__all__ = ["GLOBAL_POOLS", "WeightFormer", "Block", "checkpoint_filter_fn", "is_dynamic_block"]
+__all__ = ["GLOBAL_POOLS", "WeightFormer", "Block", "check_dwc_dynamic_period", "checkpoint_filter_fn",
+           "is_dynamic_block"]
 
 # timm's global pools for a grid of tokens without a class token (``global_pool_nlc``); "" keeps the grid.
 GLOBAL_POOLS = ("avg", "max", "avgmax", "")
@@ -43,6 +44,19 @@ def is_dynamic_block(index: int, period: int) -> bool:
     """Whether block ``index`` is dynamic: (index + 2) % period == 0, i.e. 1, 4, 7, ... for period 3;
     ``period`` 1 makes every block dynamic and 0 none."""
     return period > 0 and (index + 2) % period == 0
+
+
+def check_dwc_dynamic_period(dwc_period: Optional[int], period: int, depth: int) -> None:
+    """Raise ``ValueError`` unless ``dwc_period`` is None or a period (as ``dynamic_period``) that names only
+    dynamic blocks among the first ``depth``."""
+    if dwc_period is None:
+        return
+    if isinstance(dwc_period, bool) or not isinstance(dwc_period, int) or dwc_period < 0:
+        raise ValueError(f"dwc_dynamic_period must be an int >= 0 (0: every conv static) or None (the dynamic "
+                         f"blocks' convs), got {dwc_period!r}")
+    if any(is_dynamic_block(i, dwc_period) and not is_dynamic_block(i, period) for i in range(depth)):
+        raise ValueError(f"dwc_dynamic_period={dwc_period} makes the conv of a static block dynamic "
+                         f"(dynamic_period={period}); choose a multiple of dynamic_period, or 0")
 
 
 @register_notrace_function
@@ -291,14 +305,7 @@ class WeightFormer(LinearClassifier, nn.Module):
             raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio!r}")
         if dynamic_period < 0:
             raise ValueError(f"dynamic_period must be >= 0 (0: all blocks static), got {dynamic_period}")
-        if dwc_dynamic_period is not None:
-            if isinstance(dwc_dynamic_period, bool) or not isinstance(dwc_dynamic_period, int) or dwc_dynamic_period < 0:
-                raise ValueError(f"dwc_dynamic_period must be an int >= 0 (0: every conv static) or None (the "
-                                 f"dynamic blocks' convs), got {dwc_dynamic_period!r}")
-            if any(is_dynamic_block(i, dwc_dynamic_period) and not is_dynamic_block(i, dynamic_period)
-                   for i in range(depth)):
-                raise ValueError(f"dwc_dynamic_period={dwc_dynamic_period} makes the conv of a static block dynamic "
-                                 f"(dynamic_period={dynamic_period}); choose a multiple of dynamic_period, or 0")
+        check_dwc_dynamic_period(dwc_dynamic_period, dynamic_period, depth)
         dd = dict(device=device, dtype=dtype)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU

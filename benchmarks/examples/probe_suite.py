@@ -1,0 +1,210 @@
+"""The long-range probe suite over designs: each design trained on each probe at 64 px (several seeds), run at
+64 and 128 px with the same glyphs, and tabulated (mean ± std over seeds) with each design's cost.
+
+    python benchmarks/examples/probe_suite.py --designs long_range long_range_local_dwc --seeds 0 1 --jobs 2
+    python benchmarks/examples/probe_suite.py --probes path_link --designs long_range_local_dwc --seeds 0
+    python benchmarks/examples/probe_suite.py --table-only         # the tables from the runs on disk
+
+Each run is ``weightformer train --data PROBE:size=64,scale=2`` with the probe recipe (4-block 64-d model at
+patch 4, 12 epochs, batch 128; configs/classification/probe.yaml) and the design's model, on one thread, into
+``--runs``/<design>/<probe>/seed<N>/; a run with a finished ``last.pt`` is not run again. The evaluation is
+:func:`weightformer.analysis.transfer.transfer_table` (``weightformer analyze transfer``): the held-out split
+drawn afresh at each size at the trained glyph scale. The held-out relation (``HELD_OUT``, scale_match) comes
+last in every table. Costs: parameters and GFLOPs of each design at WeightFormer-T's size (1000 classes) at
+224² and 1248², counted on the meta device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+# design -> (timm model, model kwargs beyond the probe recipe's patch_size=4 embed_dim=64 depth=4)
+DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "released": ("weightformer_tiny", {}),
+    "long_range": ("weightformer_long_range_tiny", {}),
+    "long_range_local_dwc": ("weightformer_long_range_tiny", {"dwc_dynamic_period": 3}),
+    "long_range_gated": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
+                                                          "dwc_dynamic_period": 3}),
+}
+PROBE_SIZE, LARGE_SIZE, SCALE = 64, 128, 2
+PROBE_MODEL_KWARGS = {"patch_size": 4, "embed_dim": 64, "depth": 4, "drop_path_rate": 0.0}
+
+
+def train_command(design: str, probe: str, seed: int, out: Path) -> list[str]:
+    model, kwargs = DESIGNS[design]
+    kwargs = {**PROBE_MODEL_KWARGS, **kwargs}
+    return ["weightformer", "train", "--data", f"{probe}:size={PROBE_SIZE},scale={SCALE}", "--model", model,
+            "--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items()), "--seed", str(seed), "--output", str(out)]
+
+
+def run_one(design: str, probe: str, seed: int, runs: Path) -> Path:
+    out = runs / design / probe / f"seed{seed}"
+    if not (out / "last.pt").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        command = train_command(design, probe, seed, out)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        print("$", shlex.join(command), flush=True)
+        with (out.parent / f"seed{seed}.log").open("a") as log:
+            done = subprocess.run([sys.executable, "-m", *command, "--overwrite"], stdout=log,
+                                  stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        if done.returncode:
+            raise RuntimeError(f"{shlex.join(command)} failed ({done.returncode}); see {out.parent}/seed{seed}.log")
+    return out / "last.pt"
+
+
+def evaluate(checkpoints: list[Path], cache: Path) -> list[dict[str, Any]]:
+    """Each checkpoint's accuracy at both sizes, kept in ``cache`` (a JSON file) by path and modification time."""
+    from weightformer.analysis.transfer import transfer_table
+
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    rows = []
+    for path in checkpoints:
+        key = f"{path}:{path.stat().st_mtime_ns}"
+        if key not in known:
+            known[key] = transfer_table([str(path)], [PROBE_SIZE, LARGE_SIZE])[0]
+            cache.write_text(json.dumps(known, indent=1) + "\n")
+        rows.append(known[key])
+    return rows
+
+
+def design_costs(design: str) -> dict[str, float]:
+    """Parameters (M) and GFLOPs (2 × multiply-adds) at WeightFormer-T's size, 224² and 1248²."""
+    import timm
+    import torch
+
+    import weightformer  # noqa: F401  (registers the models)
+    from weightformer.bench.flops import count_flops
+
+    model_name, kwargs = DESIGNS[design]
+    out: dict[str, float] = {}
+    for size in (224, 1248):
+        with torch.device("meta"):
+            model = timm.create_model(model_name, img_size=size, **kwargs).eval()
+        out[f"gflops_{size}"] = count_flops(model, torch.empty(1, 3, size, size, device="meta")).flops / 1e9
+        out["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
+    return out
+
+
+def _mean_std(values: list[float], digits: int = 1) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-seed accuracies at both sizes, their ratio and the share of the above-chance accuracy kept."""
+    small = [r["accuracy"][str(PROBE_SIZE)] for r in rows]
+    large = [r["accuracy"][str(LARGE_SIZE)] for r in rows]
+    return {"small": small, "large": large, "ratio": [b / a for a, b in zip(small, large)],
+            "kept": [(b - 50) / (a - 50) if a > 50 else float("nan") for a, b in zip(small, large)]}
+
+
+def markdown(table: dict[str, dict[str, dict[str, Any]]], costs: dict[str, dict[str, float]],
+             probes: list[str]) -> str:
+    from weightformer.data.probes import HELD_OUT
+
+    lines = [f"| design | probe | seeds | {PROBE_SIZE} px | {LARGE_SIZE} px | {LARGE_SIZE} / {PROBE_SIZE} | "
+             "above chance kept | per seed (64 → 128) |", "|---" * 8 + "|"]
+    for design, per_probe in table.items():
+        for probe in probes:
+            if probe not in per_probe:
+                continue
+            s = per_probe[probe]
+            seeds = " / ".join(f"{a:.1f} → {b:.1f}" for a, b in zip(s["small"], s["large"]))
+            name = f"{probe} (held out)" if probe in HELD_OUT else probe
+            lines.append(f"| {design} | {name} | {len(s['small'])} | {_mean_std(s['small'])} | {_mean_std(s['large'])} | "
+                         f"{_mean_std(s['ratio'], 2)} | {_mean_std(s['kept'], 2)} | {seeds} |")
+    lines += ["", "| design | model | params at T size | GFLOPs at 224² | GFLOPs at 1248² |", "|---|---|---|---|---|"]
+    for design, c in costs.items():
+        model, kwargs = DESIGNS[design]
+        shown = " ".join(f"{k}={v}" for k, v in kwargs.items())
+        lines.append(f"| {design} | `{model}`{' ' + shown if shown else ''} | {c['params_M']:.2f}M | "
+                     f"{c['gflops_224']:.3f} | {c['gflops_1248']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict[str, dict[str, dict[str, Any]]], probes: list[str], path: Path) -> None:
+    """One panel per probe: accuracy (mean, std as error bars) at each size, one line per design."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [p for p in probes if any(p in per_probe for per_probe in table.values())]
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown), 3.0), sharey=True, squeeze=False)
+    for ax, probe in zip(axes[0], shown):
+        for design, per_probe in table.items():
+            if probe in per_probe:
+                s = per_probe[probe]
+                means = [statistics.mean(s["small"]), statistics.mean(s["large"])]
+                stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in (s["small"], s["large"])]
+                ax.errorbar([PROBE_SIZE, LARGE_SIZE], means, yerr=stds, marker="o", capsize=3, label=design)
+        ax.axhline(50.0, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(probe, fontsize=8)
+        ax.set_xticks([PROBE_SIZE, LARGE_SIZE])
+        ax.set_xlabel("canvas (px)", fontsize=7)
+    axes[0][0].set_ylabel("held-out top-1 (%)")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from weightformer.data.probes import SUITE
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=list(DESIGNS))
+    parser.add_argument("--probes", nargs="+", default=list(SUITE), choices=list(SUITE))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread)")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "probe_suite")
+    parser.add_argument("--table-only", action="store_true", help="no training: the runs on disk")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "probes" / "suite" / "designs")
+    args = parser.parse_args(argv)
+    probes = [p for p in SUITE if p in args.probes]  # report order: the held-out relation last
+    todo = [(d, p, s) for d in args.designs for p in probes for s in args.seeds]
+    if args.table_only:
+        found = [(d, p, s) for d, p, s in todo if (args.runs / d / p / f"seed{s}" / "last.pt").is_file()]
+        checkpoints = [args.runs / d / p / f"seed{s}" / "last.pt" for d, p, s in found]
+        todo = found
+    else:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            checkpoints = list(pool.map(lambda job: run_one(*job, args.runs), todo))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = evaluate(checkpoints, args.runs / "transfer_cache.json")
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for (design, probe, _), row in zip(todo, rows):
+        table.setdefault(design, {}).setdefault(probe, []).append(row)
+    table = {d: {p: summarize(r) for p, r in per_probe.items()} for d, per_probe in table.items()}
+    costs = {d: design_costs(d) for d in table}
+    from weightformer.bench.results import machine_info
+
+    command = "python benchmarks/examples/probe_suite.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    record = {"machine": {**machine_info(command=command), "threads_per_run": 1}, "command": command,
+              "sizes": [PROBE_SIZE, LARGE_SIZE], "scale": SCALE, "designs": {d: list(DESIGNS[d]) for d in table},
+              "runs": [{"design": d, "probe": p, "seed": s, "command": shlex.join(train_command(d, p, s, args.runs / d / p / f"seed{s}")),
+                        "accuracy": row["accuracy"]} for (d, p, s), row in zip(todo, rows)],
+              "summary": table, "costs": costs}
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    text = markdown(table, costs, probes)
+    args.out.with_suffix(".md").write_text(text)
+    plot(table, probes, args.out.with_suffix(".png"))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
