@@ -1,6 +1,5 @@
 """The long-range predictors (score_pool, centered, double_centered, its gated form, median_polished, score_gap,
-median_gap) and
-the models registered on them."""
+median_gap) and the models registered on them."""
 
 import numpy as np
 import pytest

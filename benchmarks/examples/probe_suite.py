@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from long_range_tasks import ROOT, _mean_std, _run  # this folder's: one thread per run, this checkout's package
+
 # design -> (timm model, model kwargs beyond the probe recipe's patch_size=4 embed_dim=64 depth=4)
 DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
     "released": ("weightformer_tiny", {}),
@@ -51,15 +50,7 @@ def run_one(design: str, probe: str, seed: int, runs: Path) -> Path:
     out = runs / design / probe / f"seed{seed}"
     if not (out / "last.pt").is_file():
         out.mkdir(parents=True, exist_ok=True)
-        command = train_command(design, probe, seed, out)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        print("$", shlex.join(command), flush=True)
-        with (out.parent / f"seed{seed}.log").open("a") as log:
-            done = subprocess.run([sys.executable, "-m", *command, "--overwrite"], stdout=log,
-                                  stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        if done.returncode:
-            raise RuntimeError(f"{shlex.join(command)} failed ({done.returncode}); see {out.parent}/seed{seed}.log")
+        _run([*train_command(design, probe, seed, out), "--overwrite"], out.parent / f"seed{seed}.log")
     return out / "last.pt"
 
 
@@ -92,14 +83,8 @@ def design_costs(design: str) -> dict[str, float]:
         with torch.device("meta"):
             model = timm.create_model(model_name, img_size=size, **kwargs).eval()
         out[f"gflops_{size}"] = count_flops(model, torch.empty(1, 3, size, size, device="meta")).flops / 1e9
-        out["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
+    out["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6  # the same at any size: no position table
     return out
-
-
-def _mean_std(values: list[float], digits: int = 1) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -123,7 +108,7 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]], costs: dict[str, dict[
             s = per_probe[probe]
             seeds = " / ".join(f"{a:.1f} → {b:.1f}" for a, b in zip(s["small"], s["large"]))
             name = f"{probe} (held out)" if probe in HELD_OUT else probe
-            lines.append(f"| {design} | {name} | {len(s['small'])} | {_mean_std(s['small'])} | {_mean_std(s['large'])} | "
+            lines.append(f"| {design} | {name} | {len(s['small'])} | {_mean_std(s['small'], 1)} | {_mean_std(s['large'], 1)} | "
                          f"{_mean_std(s['ratio'], 2)} | {_mean_std(s['kept'], 2)} | {seeds} |")
     lines += ["", "| design | model | params at T size | GFLOPs at 224² | GFLOPs at 1248² |", "|---|---|---|---|---|"]
     for design, c in costs.items():

@@ -22,7 +22,7 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..generation.choices import GUIDANCE_MODES  # torch-free: gen sample's command line lists them
-from .weightformer import check_dwc_dynamic_period, is_dynamic_block
+from .weightformer import dynamic_conv_blocks, is_dynamic_block
 
 __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
 
@@ -81,7 +81,8 @@ class WeightFormerDiTBlock(nn.Module):
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
-        if dynamic if dynamic_dwc is None else dynamic_dwc:
+        dynamic_dwc = dynamic if dynamic_dwc is None else dynamic_dwc
+        if dynamic_dwc:
             self.dwc = DynamicDWConv(hidden_size, 3)
         else:
             self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
@@ -208,7 +209,7 @@ class WeightFormerDiT(nn.Module):
         if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period) != ("bilateral", 3, None):
             raise ValueError("linear_predictor, dynamic_period and dwc_dynamic_period choose WeightFormer blocks; the "
                              "attention DiT has none")
-        check_dwc_dynamic_period(dwc_dynamic_period, dynamic_period, depth)
+        convs = dynamic_conv_blocks(dwc_dynamic_period, dynamic_period, depth)
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
         if block_init not in BLOCK_INITS:
@@ -226,8 +227,7 @@ class WeightFormerDiT(nn.Module):
         self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
         if mixer == "weightformer":
             blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, is_dynamic_block(i, dynamic_period),
-                                           linear_predictor, None if dwc_dynamic_period is None
-                                           else is_dynamic_block(i, dwc_dynamic_period)) for i in range(depth)]
+                                           linear_predictor, convs[i]) for i in range(depth)]
         else:
             blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)

@@ -29,7 +29,7 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
-__all__ = ["GLOBAL_POOLS", "WeightFormer", "Block", "check_dwc_dynamic_period", "checkpoint_filter_fn",
+__all__ = ["GLOBAL_POOLS", "WeightFormer", "Block", "checkpoint_filter_fn", "dynamic_conv_blocks",
            "is_dynamic_block"]
 
 # timm's global pools for a grid of tokens without a class token (``global_pool_nlc``); "" keeps the grid.
@@ -46,17 +46,20 @@ def is_dynamic_block(index: int, period: int) -> bool:
     return period > 0 and (index + 2) % period == 0
 
 
-def check_dwc_dynamic_period(dwc_period: Optional[int], period: int, depth: int) -> None:
-    """Raise ``ValueError`` unless ``dwc_period`` is None or a period (as ``dynamic_period``) that names only
-    dynamic blocks among the first ``depth``."""
+def dynamic_conv_blocks(dwc_period: Optional[int], period: int, depth: int) -> List[bool]:
+    """Whether each of ``depth`` blocks has a dynamic depthwise conv: the blocks ``dwc_period`` names as
+    ``dynamic_period`` names the dynamic ones (None: the dynamic blocks). Raises ``ValueError`` for a period that
+    is not an int >= 0 or that names a static block."""
     if dwc_period is None:
-        return
+        return [is_dynamic_block(i, period) for i in range(depth)]
     if isinstance(dwc_period, bool) or not isinstance(dwc_period, int) or dwc_period < 0:
         raise ValueError(f"dwc_dynamic_period must be an int >= 0 (0: every conv static) or None (the dynamic "
                          f"blocks' convs), got {dwc_period!r}")
-    if any(is_dynamic_block(i, dwc_period) and not is_dynamic_block(i, period) for i in range(depth)):
+    convs = [is_dynamic_block(i, dwc_period) for i in range(depth)]
+    if any(conv and not is_dynamic_block(i, period) for i, conv in enumerate(convs)):
         raise ValueError(f"dwc_dynamic_period={dwc_period} makes the conv of a static block dynamic "
                          f"(dynamic_period={period}); choose a multiple of dynamic_period, or 0")
+    return convs
 
 
 @register_notrace_function
@@ -211,7 +214,8 @@ class Block(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.dynamic = dynamic
         self.norm_stream = norm_layer(dim, **dd) if dynamic else nn.Identity()
-        if dynamic if dynamic_dwc is None else dynamic_dwc:
+        dynamic_dwc = dynamic if dynamic_dwc is None else dynamic_dwc
+        if dynamic_dwc:
             self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, **dd)
         else:
             self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
@@ -305,7 +309,7 @@ class WeightFormer(LinearClassifier, nn.Module):
             raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio!r}")
         if dynamic_period < 0:
             raise ValueError(f"dynamic_period must be >= 0 (0: all blocks static), got {dynamic_period}")
-        check_dwc_dynamic_period(dwc_dynamic_period, dynamic_period, depth)
+        convs = dynamic_conv_blocks(dwc_dynamic_period, dynamic_period, depth)
         dd = dict(device=device, dtype=dtype)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
@@ -330,8 +334,7 @@ class WeightFormer(LinearClassifier, nn.Module):
                       proj_drop=proj_drop_rate, drop_path=drop_path_rates[i], dwc_kernel_size=dwc_kernel_size,
                       linear_predictor=linear_predictor, dwc_predictor=dwc_predictor,
                       predictor_reduction=predictor_reduction, norm_layer=norm_layer, act_layer=act_layer,
-                      dynamic_dwc=None if dwc_dynamic_period is None else is_dynamic_block(i, dwc_dynamic_period),
-                      **dd)
+                      dynamic_dwc=convs[i], **dd)
                 for i in range(depth)])
             self.norm = norm_layer(embed_dim, **dd)
             self.head_drop = nn.Dropout(drop_rate)
