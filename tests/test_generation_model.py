@@ -266,3 +266,20 @@ def test_dwc_dynamic_period_makes_the_other_dynamic_blocks_convs_static():
     with pytest.raises(ValueError, match="attention DiT has none"):
         WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
                         num_heads=4, dwc_dynamic_period=3)
+
+
+def test_dynamic_linear_start_keeps_the_earlier_blocks_mlp_static():
+    """As in the classifier: the MLP dynamic only from block 2 on, the convs as dwc_dynamic_period says."""
+    from weightformer.layers import DynamicDWConv, DynamicLinear
+
+    model = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES, dynamic_period=1, dwc_dynamic_period=3, dynamic_linear_start=2)
+    assert [isinstance(b.linear1, DynamicLinear) for b in model.blocks] == [False, False, True, True, True]
+    assert [isinstance(b.dwc, DynamicDWConv) for b in model.blocks] == [False, True, False, False, True]
+    x, t, y = torch.randn(2, IN_CH, SIZE, SIZE), torch.tensor([10, 500]), torch.tensor([0, 3])
+    assert model(x, t, y).shape == (2, 2 * IN_CH, SIZE, SIZE)
+    with pytest.raises(ValueError, match="dynamic_linear_start must be a block index"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, dynamic_linear_start=-1)
+    with pytest.raises(ValueError, match="attention DiT has none"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
+                        num_heads=4, dynamic_linear_start=2)

@@ -147,6 +147,8 @@ def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tm
     assert len({m[1]["depth"] for m in models.values()}) == 1
     assert models["released_placement"][1]["linear_predictor"] == LONG_RANGE_ARGS["linear_predictor"]
     assert "long_range" in models["long_range"][0]
+    late = models["long_range_late"][1]  # ΔW in the later half of the blocks
+    assert late["dynamic_linear_start"] == late["depth"] // 2 and late["dwc_dynamic_period"] == 3
     assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
     if task == "gen":  # the DiT baseline is drawn as timm draws a ViT, as the DeiT baselines are
         assert models["attention"][1]["block_init"] == "vit"

@@ -88,6 +88,40 @@ def test_dwc_dynamic_period_refuses_what_it_cannot_build(dwc_period, message):
         WeightFormer(embed_dim=32, depth=5, dynamic_period=3, dwc_dynamic_period=dwc_period, device="meta")
 
 
+@pytest.mark.parametrize("period, start, linears", [(1, 2, [2, 3, 4]), (1, 0, [0, 1, 2, 3, 4]), (3, 2, [4]),
+                                                   (1, 5, [])])
+def test_dynamic_linear_start_keeps_the_earlier_blocks_fc1_static(period, start, linears):
+    model = WeightFormer(embed_dim=32, depth=5, dynamic_period=period, dwc_dynamic_period=3 if period == 1 else None,
+                         dynamic_linear_start=start, device="meta")
+    assert [i for i, b in enumerate(model.blocks) if isinstance(b.mlp.fc1, DynamicLinear)] == linears
+    for i, block in enumerate(model.blocks):  # the conv and the stream's norm do not follow it
+        assert isinstance(block.norm_stream, nn.LayerNorm) == is_dynamic_block(i, period)
+        assert isinstance(block.dwc, DynamicDWConv) == is_dynamic_block(i, 3)
+        if i not in linears:
+            assert type(block.mlp.fc1) is nn.Linear
+
+
+def test_dynamic_linear_start_is_a_zero_update_in_the_earlier_blocks():
+    """The same weights with ΔW forced to 0 in blocks 0 and 1 (the gated gain's start set to 0) compute the same."""
+    kwargs = dict(dynamic_period=1, dwc_dynamic_period=3, linear_predictor="double_centered_gated")
+    late = small_model(**kwargs, dynamic_linear_start=2).eval()
+    every = small_model(**kwargs).eval()
+    every.load_state_dict(late.state_dict(), strict=False)  # every block's predictor but blocks 0-1's: late's
+    for block in list(every.blocks)[:2]:
+        block.mlp.fc1.predictor.start = 0.0  # g = 0·exp(κ·s): ΔW = 0
+    x = torch.randn(2, 3, 64, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(late(x), every(x), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():  # and the in-place inference path
+        torch.testing.assert_close(late(x), every(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("start", [-1, 6, True, 1.5])
+def test_dynamic_linear_start_refuses_what_is_not_a_block_index(start):
+    with pytest.raises(ValueError, match="dynamic_linear_start must be a block index from 0"):
+        WeightFormer(embed_dim=32, depth=5, dynamic_period=1, dynamic_linear_start=start, device="meta")
+
+
 def test_no_class_token_no_position_embedding_layernorm_after_patches():
     model = small_model()
     names = [n for n, _ in model.named_parameters()]

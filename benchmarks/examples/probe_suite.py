@@ -34,6 +34,8 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
     "long_range_local_dwc": ("weightformer_long_range_tiny", {"dwc_dynamic_period": 3}),
     "long_range_gated": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
                                                           "dwc_dynamic_period": 3}),
+    "long_range_late": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
+                                                         "dwc_dynamic_period": 3, "dynamic_linear_start": 2}),
 }
 PROBE_SIZE, LARGE_SIZE, SCALE = 64, 128, 2
 PROBE_MODEL_KWARGS = {"patch_size": 4, "embed_dim": 64, "depth": 4, "drop_path_rate": 0.0}

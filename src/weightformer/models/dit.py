@@ -22,7 +22,7 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..generation.choices import GUIDANCE_MODES  # torch-free: gen sample's command line lists them
-from .weightformer import dynamic_conv_blocks, is_dynamic_block
+from .weightformer import dynamic_conv_blocks, dynamic_linear_blocks
 
 __all__ = ["GUIDANCE_MODES", "DiTBlock", "WeightFormerDiT", "WeightFormerDiTBlock", "checkpoint_filter_fn"]
 
@@ -192,24 +192,26 @@ class FinalLayer(nn.Module):
 
 class WeightFormerDiT(nn.Module):
     """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
-    classifier, ``linear_predictor``, ``dynamic_period`` and ``dwc_dynamic_period`` choose the dynamic MLP predictor,
-    the dynamic blocks and those of them whose conv is dynamic;
+    classifier, ``linear_predictor``, ``dynamic_period``, ``dwc_dynamic_period`` and ``dynamic_linear_start`` choose
+    the dynamic MLP predictor, the dynamic blocks, those of them whose conv is dynamic and the first whose MLP is;
     ``block_init`` how the blocks' mixer and MLP linear layers are drawn (:meth:`initialize_weights`)."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
                  learn_sigma: bool = True, mixer: str = "weightformer", num_heads: int = 16,
                  guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3,
-                 block_init: str = "dit", dwc_dynamic_period: int | None = None):
+                 block_init: str = "dit", dwc_dynamic_period: int | None = None, dynamic_linear_start: int = 0):
         super().__init__()
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
         if guidance not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {guidance!r}")
-        if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period) != ("bilateral", 3, None):
-            raise ValueError("linear_predictor, dynamic_period and dwc_dynamic_period choose WeightFormer blocks; the "
-                             "attention DiT has none")
+        if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period, dynamic_linear_start) != (
+                "bilateral", 3, None, 0):
+            raise ValueError("linear_predictor, dynamic_period, dwc_dynamic_period and dynamic_linear_start choose "
+                             "WeightFormer blocks; the attention DiT has none")
         convs = dynamic_conv_blocks(dwc_dynamic_period, dynamic_period, depth)
+        linears = dynamic_linear_blocks(dynamic_linear_start, dynamic_period, depth)
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not a multiple of patch_size {patch_size}")
         if block_init not in BLOCK_INITS:
@@ -226,8 +228,8 @@ class WeightFormerDiT(nn.Module):
         pos = get_2d_sincos_pos_embed(hidden_size, side, base_size=side, output_type="pt")  # (N, D), DiT's layout
         self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
         if mixer == "weightformer":
-            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, is_dynamic_block(i, dynamic_period),
-                                           linear_predictor, convs[i]) for i in range(depth)]
+            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, linears[i], linear_predictor, convs[i])
+                      for i in range(depth)]
         else:
             blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)

@@ -30,7 +30,7 @@ from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
 __all__ = ["GLOBAL_POOLS", "WeightFormer", "Block", "checkpoint_filter_fn", "dynamic_conv_blocks",
-           "is_dynamic_block"]
+           "dynamic_linear_blocks", "is_dynamic_block"]
 
 # timm's global pools for a grid of tokens without a class token (``global_pool_nlc``); "" keeps the grid.
 GLOBAL_POOLS = ("avg", "max", "avgmax", "")
@@ -60,6 +60,15 @@ def dynamic_conv_blocks(dwc_period: Optional[int], period: int, depth: int) -> L
         raise ValueError(f"dwc_dynamic_period={dwc_period} makes the conv of a static block dynamic "
                          f"(dynamic_period={period}); choose a multiple of dynamic_period, or 0")
     return convs
+
+
+def dynamic_linear_blocks(start: int, period: int, depth: int) -> List[bool]:
+    """Whether each of ``depth`` blocks has a dynamic MLP (fc1): the dynamic blocks from index ``start`` on. Raises
+    ``ValueError`` for a ``start`` that is not a block index from 0 to ``depth``."""
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= depth:
+        raise ValueError(f"dynamic_linear_start must be a block index from 0 (every dynamic block's MLP dynamic) "
+                         f"to depth={depth} (none), got {start!r}")
+    return [is_dynamic_block(i, period) and i >= start for i in range(depth)]
 
 
 @register_notrace_function
@@ -201,25 +210,26 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """One WeightFormer block: x = N(x); x = x + DWC(x); x = x + DropPath(MLP(LN(x))). Static blocks: a depthwise
     3×3 conv, a plain MLP, N = identity. Dynamic: :class:`DynamicDWConv`, a :class:`DynamicLinear` fc1 and N a
-    LayerNorm on the residual stream, as in the authors' release. ``dynamic_dwc`` (None: ``dynamic``) chooses the
-    conv apart from the rest: a dynamic block with a static conv, say."""
+    LayerNorm on the residual stream, as in the authors' release. ``dynamic_dwc`` and ``dynamic_linear`` (None:
+    ``dynamic``) choose the conv and fc1 apart from the rest: a dynamic block with a static conv, say."""
 
     def __init__(self, dim: int, mlp_ratio: float = 4.0, dynamic: bool = False, proj_drop: float = 0.0,
                  drop_path: float = 0.0, dwc_kernel_size: int = 3, linear_predictor: str = "bilateral",
                  dwc_predictor: str = "adaptive", predictor_reduction: int = 4,
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
-                 dynamic_dwc: Optional[bool] = None, device=None, dtype=None):
+                 dynamic_dwc: Optional[bool] = None, dynamic_linear: Optional[bool] = None, device=None, dtype=None):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         hidden = int(dim * mlp_ratio)
         self.dynamic = dynamic
         self.norm_stream = norm_layer(dim, **dd) if dynamic else nn.Identity()
         dynamic_dwc = dynamic if dynamic_dwc is None else dynamic_dwc
+        dynamic_linear = dynamic if dynamic_linear is None else dynamic_linear
         if dynamic_dwc:
             self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, **dd)
         else:
             self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
-        if dynamic:
+        if dynamic_linear:
             fc1 = DynamicLinear(dim, hidden, predictor=linear_predictor, reduction=predictor_reduction, **dd)
         else:
             fc1 = nn.Linear(dim, hidden, **dd)
@@ -291,12 +301,14 @@ class WeightFormer(LinearClassifier, nn.Module):
                  drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer: Optional[Callable[..., nn.Module]] = None,
                  act_layer: Optional[Callable[..., nn.Module]] = None, dynamic_img_size: bool = True,
-                 dynamic_img_pad: bool = False, dwc_dynamic_period: Optional[int] = None, device=None, dtype=None):
+                 dynamic_img_pad: bool = False, dwc_dynamic_period: Optional[int] = None, dynamic_linear_start: int = 0,
+                 device=None, dtype=None):
         """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` must be True (no position embedding);
         ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the pixels past the
         last whole patch, as the release does. ``dynamic_period`` chooses the dynamic blocks; ``dwc_dynamic_period``
         chooses, in the same way, those whose depthwise conv is dynamic (None: the dynamic blocks, as the release;
-        it may name only dynamic blocks)."""
+        it may name only dynamic blocks); the dynamic blocks before ``dynamic_linear_start`` keep a static fc1, so
+        that ΔW is predicted only in the later blocks (docs/analysis.md §6)."""
         super().__init__()
         check_global_pool(global_pool)
         if dynamic_img_size is not True:
@@ -310,6 +322,7 @@ class WeightFormer(LinearClassifier, nn.Module):
         if dynamic_period < 0:
             raise ValueError(f"dynamic_period must be >= 0 (0: all blocks static), got {dynamic_period}")
         convs = dynamic_conv_blocks(dwc_dynamic_period, dynamic_period, depth)
+        linears = dynamic_linear_blocks(dynamic_linear_start, dynamic_period, depth)
         dd = dict(device=device, dtype=dtype)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
@@ -334,7 +347,7 @@ class WeightFormer(LinearClassifier, nn.Module):
                       proj_drop=proj_drop_rate, drop_path=drop_path_rates[i], dwc_kernel_size=dwc_kernel_size,
                       linear_predictor=linear_predictor, dwc_predictor=dwc_predictor,
                       predictor_reduction=predictor_reduction, norm_layer=norm_layer, act_layer=act_layer,
-                      dynamic_dwc=convs[i], **dd)
+                      dynamic_dwc=convs[i], dynamic_linear=linears[i], **dd)
                 for i in range(depth)])
             self.norm = norm_layer(embed_dim, **dd)
             self.head_drop = nn.Dropout(drop_rate)
