@@ -83,17 +83,39 @@ def _components(mask: np.ndarray) -> np.ndarray:
     return labels
 
 
-def test_path_link_label_is_whether_the_markers_are_connected():
-    images, labels = path_link(16, size=64, seed=7)
+def _marker_cores(image: np.ndarray) -> np.ndarray:
+    """Component labels of the markers' cores: markers are 7x7 squares and lines 2 px wide, so a 5x5 erosion keeps
+    only the markers' cores."""
+    return _components(np.asarray(Image.fromarray(image).filter(ImageFilter.MinFilter(5))) > 0)
+
+
+@pytest.mark.parametrize("ends", ["free", "matched"])
+def test_path_link_label_is_whether_the_markers_are_connected(ends):
+    images, labels = path_link(16, size=64, seed=7, ends=ends)
     assert set(labels.tolist()) == {0, 1}
     for image, label in zip(images, labels):
-        # Markers are 7x7 squares; lines are 2 px wide: a 5x5 erosion keeps only the markers' cores.
-        cores = np.asarray(Image.fromarray(image).filter(ImageFilter.MinFilter(5))) > 0
-        core_labels = _components(cores)
+        core_labels = _marker_cores(image)
         assert core_labels.max() == 2
         ink = _components(image > 0)
         first, second = (ink[core_labels == k][0] for k in (1, 2))
         assert (first == second) == bool(label)
+
+
+def test_path_link_matched_ends_leave_no_distance_between_the_classes():
+    """With ends=free the markers of class 1 are closer (0.47 against 0.54 of the side at 64 px); with
+    ends=matched the classes' mean distances differ by less than 0.02 of the side, measured on the images."""
+    def mean_gap(ends: str) -> float:
+        images, labels = path_link(300, size=64, seed=3, ends=ends)
+        distance = []
+        for image in images:
+            cores = _marker_cores(image)
+            centres = [np.argwhere(cores == k).mean(axis=0) for k in (1, 2)] if cores.max() == 2 else None
+            distance.append(np.nan if centres is None else np.hypot(*(centres[0] - centres[1])) / 64)
+        distance = np.array(distance)
+        return float(np.nanmean(distance[labels == 0]) - np.nanmean(distance[labels == 1]))
+
+    assert mean_gap("free") > 0.04
+    assert abs(mean_gap("matched")) < 0.02
 
 
 @pytest.mark.parametrize("name", sorted(PROBES))
@@ -360,6 +382,8 @@ def test_the_suite_opens_by_name_with_options():
     ("count_compare:scale=3-2", r"probe option 'scale=3-2' .* scale=INT or LO-HI \(1 <= LO <= HI\)"),
     ("glyph_xor:glyphs=2", "probe option 'glyphs=2'"),
     ("path_link:max_count=3", "probe option 'max_count=3'"),
+    ("path_link:ends=tight", r"probe option 'ends=tight' .* ends=free\|matched; write"),
+    ("glyph_match:ends=matched", "probe option 'ends=matched'"),
     ("mirror_match:distractors=many", "probe option 'distractors=many'"),
     ("scale_match:scale=2-3,distractors=2", "room for 0 distractors .* use distractors <= 0 or size >= 72"),
     ("count_compare:max_count=1", "count_compare needs max_count >= 2"),

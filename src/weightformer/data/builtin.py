@@ -11,7 +11,9 @@ options ``background=none|noise|texture|clutter`` (default none) and ``distracto
 ``scale=INT`` or ``scale=LO-HI``: a fixed glyph cell (the stroke width of ``path_link``) in pixels, which otherwise
 grows with the size (``glyph_match:size=128,scale=2`` draws the 64 px glyphs on a 128 px canvas), or a range from
 which each glyph draws its own. ``glyph_match`` and ``glyph_count`` take ``glyphs=2..10`` (default 10),
-``count_compare`` ``max_count=INT`` (default 4). A size a probe cannot draw with its options is refused in one line.
+``count_compare`` ``max_count=INT`` (default 4), ``path_link`` ``ends=free|matched`` (default free; matched: no
+distance between curve ends tells the classes apart). A size a probe cannot draw with its options is refused in
+one line.
 """
 
 from __future__ import annotations
@@ -55,12 +57,13 @@ class BuiltinSpec:
 
 PROBE_OPTIONS = {"size": 64, "train": 4000, "val": 1000, "seed": 0}
 NUISANCE_OPTIONS = {"background": "none", "distractors": 0}  # and scale, only when given (by default it grows)
-RELATION_OPTIONS = {"glyph_match": {"glyphs": 10}, "glyph_count": {"glyphs": 10}, "count_compare": {"max_count": 4}}
+RELATION_OPTIONS = {"glyph_match": {"glyphs": 10}, "glyph_count": {"glyphs": 10}, "count_compare": {"max_count": 4},
+                    "path_link": {"ends": "free"}}
 
 
 def probe_spec(name: str) -> BuiltinSpec:
     """The spec of a probe data set named ``probe`` or ``probe:key=value,...`` (see the module docstring)."""
-    from .probes import BACKGROUNDS, PROBES, check_canvas
+    from .probes import BACKGROUNDS, PATH_ENDS, PROBES, check_canvas
 
     probe, _, text = name.partition(":")
     if probe not in PROBES:
@@ -71,8 +74,9 @@ def probe_spec(name: str) -> BuiltinSpec:
         key, sep, value = item.partition("=")
         parsed = _probe_value(key, value.strip()) if sep and (key in options or key == "scale") else None
         if parsed is None:
-            forms = [*(f"{k}=INT" for k in options if k != "background"), "scale=INT or LO-HI (1 <= LO <= HI)",
-                     f"background={'|'.join(BACKGROUNDS)}"]
+            choices = {"background": BACKGROUNDS, "ends": PATH_ENDS}
+            forms = [*(f"{k}=INT" for k in options if k not in choices), "scale=INT or LO-HI (1 <= LO <= HI)",
+                     *(f"{k}={'|'.join(v)}" for k, v in choices.items() if k in options)]
             raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(forms)}; "
                             f"write e.g. {probe}:size=64,scale=2-3,background=noise,train=4000")
         options[key] = parsed
@@ -90,12 +94,14 @@ def probe_spec(name: str) -> BuiltinSpec:
 
 
 def _probe_value(key: str, value: str) -> int | str | tuple[int, int] | None:
-    """A probe option's value from its text, or None if it is not one: ``background``'s name, ``scale``'s INT or
+    """A probe option's value from its text, or None if it is not one: ``background``'s or ``ends``'s name, ``scale``'s INT or
     LO-HI with 1 <= LO <= HI (a range of one value is that int), any other option's INT."""
-    from .probes import BACKGROUNDS
+    from .probes import BACKGROUNDS, PATH_ENDS
 
     if key == "background":
         return value if value in BACKGROUNDS else None
+    if key == "ends":
+        return value if value in PATH_ENDS else None
     if key == "scale" and (found := re.fullmatch(r"(\d+)-(\d+)", value)):
         lo, hi = int(found[1]), int(found[2])
         return None if not 1 <= lo <= hi else lo if lo == hi else (lo, hi)
