@@ -5,9 +5,10 @@
     python benchmarks/examples/probe_suite.py --probes path_link --designs long_range_local_dwc --seeds 0
     python benchmarks/examples/probe_suite.py --table-only         # the tables from the runs on disk
 
-Each run is ``weightformer train --data PROBE:size=64,scale=2`` with the probe recipe (4-block 64-d model at
-patch 4, 12 epochs, batch 128; configs/classification/probe.yaml) and the design's model, on one thread, into
-``--runs``/<design>/<probe>/seed<N>/; a run with a finished ``last.pt`` is not run again. The evaluation is
+Each run is ``weightformer train --data PROBE:size=64,scale=2`` (``path_link`` with ``ends=matched``) with the
+probe recipe (4-block 64-d model at patch 4, 12 epochs, batch 128; configs/classification/probe.yaml) and the
+design's model, on one thread, into ``--runs``/<design>/<probe>/seed<N>/; a run with a finished ``last.pt`` is not
+run again, and one trained on other data is refused. The evaluation is
 :func:`weightformer.analysis.transfer.transfer_table` (``weightformer analyze transfer``): the held-out split
 drawn afresh at each size at the trained glyph scale, 4,000 images per size (``--eval-images``). The held-out
 relation (``HELD_OUT``, scale_match) comes last in every table. Costs: parameters and GFLOPs of each design at WeightFormer-T's size (1000 classes) at
@@ -39,13 +40,21 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 PROBE_SIZE, LARGE_SIZE, SCALE = 64, 128, 2
 EVAL_IMAGES = 4000  # held-out images per size
+# path_link's markers are as far apart in both classes: with its default ends=free their distance alone predicts 60%
+# of the labels at 64 px, as much as the trained designs score (path_link_cues.py, docs/probes.md)
+PROBE_OPTIONS = {"path_link": ["ends=matched"]}
 PROBE_MODEL_KWARGS = {"patch_size": 4, "embed_dim": 64, "depth": 4, "drop_path_rate": 0.0}
+
+
+def probe_data(probe: str) -> str:
+    """The ``--data`` of the suite's runs of ``probe``."""
+    return ",".join([f"{probe}:size={PROBE_SIZE}", f"scale={SCALE}", *PROBE_OPTIONS.get(probe, [])])
 
 
 def train_command(design: str, probe: str, seed: int, out: Path) -> list[str]:
     model, kwargs = DESIGNS[design]
     kwargs = {**PROBE_MODEL_KWARGS, **kwargs}
-    return ["weightformer", "train", "--data", f"{probe}:size={PROBE_SIZE},scale={SCALE}", "--model", model,
+    return ["weightformer", "train", "--data", probe_data(probe), "--model", model,
             "--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items()), "--seed", str(seed), "--output", str(out)]
 
 
@@ -71,6 +80,12 @@ def evaluate(checkpoints: list[Path], cache: Path, images: int) -> list[dict[str
             cache.write_text(json.dumps(known, indent=1) + "\n")
         rows.append(known[key])
     return rows
+
+
+def _trained_on(checkpoint: Path) -> str:
+    from weightformer.analysis.transfer import load_probe_classifier
+
+    return str(load_probe_classifier(str(checkpoint))[1].get("data"))
 
 
 def design_costs(design: str) -> dict[str, float]:
@@ -177,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             checkpoints = list(pool.map(lambda job: run_one(*job, args.runs), todo))
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    for (_, probe, _), path in zip(todo, checkpoints):
+        data = _trained_on(path)
+        if data != probe_data(probe):
+            parser.error(f"{path} was trained on {data!r}, not the suite's {probe_data(probe)!r}; move that run "
+                         f"away (or delete it) and run again")
     rows = evaluate(checkpoints, args.runs / "transfer_cache.json", args.eval_images)
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for (design, probe, _), row in zip(todo, rows):
