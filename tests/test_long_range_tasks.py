@@ -97,6 +97,20 @@ def test_wf_dit_long_range_has_long_range_dynamic_blocks_and_its_fast_path_is_ex
     released = create_dit("wf_dit_s_4", input_size=16, in_channels=1, hidden_size=32, depth=3, num_classes=4)
     assert [b.dynamic for b in released.blocks] == [False, True, False]
     assert all(b.linear1.predictor_name == "bilateral" for b in released.blocks if b.dynamic)
+    _assert_fast_path_exact(model)
+
+
+def test_wf_dit_long_range_late_form_keeps_the_first_blocks_mlp_static_and_its_fast_path_is_exact():
+    model = create_dit("wf_dit_long_range_s_4", input_size=16, in_channels=1, hidden_size=32, depth=4,
+                       num_classes=4, learn_sigma=False, linear_predictor="double_centered_gated",
+                       dwc_dynamic_period=3, dynamic_linear_start=2)
+    assert [b.dynamic for b in model.blocks] == [False, False, True, True]
+    assert [type(b.dwc).__name__ for b in model.blocks] == ["Conv2d", "DynamicDWConv", "Conv2d", "Conv2d"]
+    _assert_fast_path_exact(model)
+
+
+def _assert_fast_path_exact(model) -> None:
+    """The in-place inference path of every block gives the plain block forward's output."""
     _randomised(model)
     x, t, y = torch.randn(2, 1, 16, 16), torch.tensor([3, 700]), torch.tensor([0, 2])
     with torch.no_grad():

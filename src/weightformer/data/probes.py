@@ -42,9 +42,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image, ImageDraw
 
 __all__ = ["BACKGROUNDS", "COUNT_KINDS", "DISTRACTOR_BANK", "GLYPH_BANK", "HELD_OUT", "PATH_ENDS", "PROBES", "SUITE",
-           "check_canvas",
-           "count_compare", "default_scale", "glyph_count", "glyph_match", "glyph_xor", "mirror_match", "path_link",
-           "scale_match", "stamp_glyph"]
+           "check_canvas", "count_compare", "default_scale", "glyph_count", "glyph_match", "glyph_xor", "mirror_match",
+           "path_link", "scale_match", "stamp_glyph"]
 
 Scale = int | tuple[int, int] | None
 
