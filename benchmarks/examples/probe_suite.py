@@ -111,7 +111,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     small = [r["accuracy"][str(PROBE_SIZE)] for r in rows]
     large = [r["accuracy"][str(LARGE_SIZE)] for r in rows]
     return {"small": small, "large": large, "ratio": [b / a for a, b in zip(small, large)],
-            "kept": [(b - 50) / (a - 50) if a > 50 else float("nan") for a, b in zip(small, large)]}
+            "kept": [(b - 50) / (a - 50) if a > 50 else None for a, b in zip(small, large)]}
+
+
+def _kept(kept: list[float | None]) -> str:
+    """The above-chance share's mean ± std, or a dash where a seed was at or below chance at 64 px (None)."""
+    return "— (a seed at chance)" if None in kept else _mean_std(kept, 2)
 
 
 def markdown(table: dict[str, dict[str, dict[str, Any]]], costs: dict[str, dict[str, float]],
@@ -129,7 +134,7 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]], costs: dict[str, dict[
             seeds = " / ".join(f"{a:.1f} → {b:.1f}" for a, b in zip(s["small"], s["large"]))
             name = f"{probe} (held out)" if probe in HELD_OUT else probe
             lines.append(f"| {design} | {name} | {len(s['small'])} | {_mean_std(s['small'], 1)} | {_mean_std(s['large'], 1)} | "
-                         f"{_mean_std(s['ratio'], 2)} | {_mean_std(s['kept'], 2)} | {seeds} |")
+                         f"{_mean_std(s['ratio'], 2)} | {_kept(s['kept'])} | {seeds} |")
     lines += ["", "| design | model | params at T size | GFLOPs at 224² | GFLOPs at 1248² |", "|---|---|---|---|---|"]
     for design, c in costs.items():
         model, kwargs = DESIGNS[design]
