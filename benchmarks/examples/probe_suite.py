@@ -36,8 +36,14 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
     "long_range_gated": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
                                                           "dwc_dynamic_period": 3}),
     "long_range_late": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
-                                                         "dwc_dynamic_period": 3, "dynamic_linear_start": 2}),
+                                                         "dwc_dynamic_period": 3, "dynamic_linear_start": "half"}),
 }
+T_DEPTH = 17  # WeightFormer-T's, for the costs
+
+
+def design_kwargs(design: str, depth: int) -> dict[str, Any]:
+    """The design's model kwargs for a model of ``depth`` blocks: ``"half"`` is the later half's first block."""
+    return {k: depth // 2 if v == "half" else v for k, v in DESIGNS[design][1].items()}
 PROBE_SIZE, LARGE_SIZE, SCALE = 64, 128, 2
 EVAL_IMAGES = 2000  # held-out images per size
 # path_link's markers are as far apart in both classes: with its default ends=free their distance alone predicts 60%
@@ -52,8 +58,8 @@ def probe_data(probe: str) -> str:
 
 
 def train_command(design: str, probe: str, seed: int, out: Path) -> list[str]:
-    model, kwargs = DESIGNS[design]
-    kwargs = {**PROBE_MODEL_KWARGS, **kwargs}
+    model = DESIGNS[design][0]
+    kwargs = {**PROBE_MODEL_KWARGS, **design_kwargs(design, PROBE_MODEL_KWARGS["depth"])}
     return ["weightformer", "train", "--data", probe_data(probe), "--model", model,
             "--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items()), "--seed", str(seed), "--output", str(out)]
 
@@ -89,14 +95,14 @@ def _trained_on(checkpoint: Path) -> str:
 
 
 def design_costs(design: str) -> dict[str, float]:
-    """Parameters (M) and GFLOPs (2 × multiply-adds) at WeightFormer-T's size, 224² and 1248²."""
+    """Parameters (M) and GFLOPs (2 × multiply-adds) at WeightFormer-T's size (17 blocks), 224² and 1248²."""
     import timm
     import torch
 
     import weightformer  # noqa: F401  (registers the models)
     from weightformer.bench.flops import count_flops
 
-    model_name, kwargs = DESIGNS[design]
+    model_name, kwargs = DESIGNS[design][0], design_kwargs(design, T_DEPTH)
     out: dict[str, float] = {}
     for size in (224, 1248):
         with torch.device("meta"):
@@ -141,6 +147,9 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]], costs: dict[str, dict[
         shown = " ".join(f"{k}={v}" for k, v in kwargs.items())
         lines.append(f"| {design} | `{model}`{' ' + shown if shown else ''} | {c['params_M']:.2f}M | "
                      f"{c['gflops_224']:.3f} | {c['gflops_1248']:.2f} |")
+    if any("half" in DESIGNS[d][1].values() for d in costs):
+        lines += ["", f"`half`: depth // 2, the first block of the later half ({PROBE_MODEL_KWARGS['depth'] // 2} of "
+                      f"the probes' {PROBE_MODEL_KWARGS['depth']} blocks, {T_DEPTH // 2} of T's {T_DEPTH})."]
     return "\n".join(lines) + "\n"
 
 
