@@ -163,21 +163,24 @@ def plot(table: dict[str, dict[str, dict[str, Any]]], probes: list[str], path: P
     import matplotlib.pyplot as plt
 
     shown = [p for p in probes if any(p in per_probe for per_probe in table.values())]
-    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown), 3.0), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown), 3.3), sharey=True, squeeze=False)
+    colours = {design: f"C{i}" for i, design in enumerate(table)}  # one colour per design in every panel
     for ax, probe in zip(axes[0], shown):
         for design, per_probe in table.items():
             if probe in per_probe:
                 s = per_probe[probe]
                 means = [statistics.mean(s["small"]), statistics.mean(s["large"])]
                 stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in (s["small"], s["large"])]
-                ax.errorbar([PROBE_SIZE, LARGE_SIZE], means, yerr=stds, marker="o", capsize=3, label=design)
+                ax.errorbar([PROBE_SIZE, LARGE_SIZE], means, yerr=stds, marker="o", capsize=3, label=design,
+                            color=colours[design])
         ax.axhline(50.0, color="grey", linestyle=":", linewidth=1)
         ax.set_title(probe, fontsize=8)
         ax.set_xticks([PROBE_SIZE, LARGE_SIZE])
         ax.set_xlabel("canvas (px)", fontsize=7)
     axes[0][0].set_ylabel("held-out top-1 (%)")
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], color=colours[d], marker="o", label=d) for d in table]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
