@@ -6,8 +6,8 @@
 
 The label of ``path_link`` is whether the two markers end the same curve. The generator keeps the markers at
 least a quarter of the canvas apart; with ``ends=free`` (its default) it does not match their distance between
-the classes, so the distance alone says something about the label, and ``ends=matched`` is meant to remove that. For each canvas size (64 and 128 px at stroke width 2, the suite's
-train-small / run-large protocol) this prints:
+the classes, so the distance alone says something about the label, and ``ends=matched`` is meant to remove that.
+For each canvas size (64 and 128 px at stroke width 2, the suite's train-small / run-large protocol) this prints:
 
 - the best accuracy of one threshold on the markers' distance (as a share of the side), chosen on one draw of
   the probe and scored on another (the probe's own held-out split);
@@ -107,21 +107,24 @@ def main(argv: list[str] | None = None) -> int:
 
     record: dict = {"images": args.images, "width": WIDTH, "ends": args.ends, "sizes": {}}
     for size in SIZES:
-        fit_images, fit_labels = path_link(args.images, size=size, seed=1000, scale=WIDTH, ends=args.ends)  # a draw of its own
+        # the threshold is fitted on a draw of its own and scored on the probe's held-out split
+        fit_images, fit_labels = path_link(args.images, size=size, seed=1000, scale=WIDTH, ends=args.ends)
         spec = f"path_link:size={size},scale={WIDTH},ends={args.ends},train=1,val={args.images}"
         info, splits = open_dataset(spec, splits=("val",))
         images, labels = splits["val"].images, splits["val"].labels
         distance = marker_distance(images)
         found = ~np.isnan(distance)  # the images scored below
         fit_distance = marker_distance(fit_images)
-        cue = best_threshold(fit_distance[~np.isnan(fit_distance)], fit_labels[~np.isnan(fit_distance)])
+        fit_found = ~np.isnan(fit_distance)
+        cue = best_threshold(fit_distance[fit_found], fit_labels[fit_found])
         images, labels, distance = images[found], labels[found], distance[found]
-        row = {"images_with_two_markers": int(found.sum()), "distance_cue": {"threshold": cue[0], "label_1_below": cue[1],
+        row = {"images_with_two_markers": int(found.sum()),
+               "distance_cue": {"threshold": cue[0], "label_1_below": cue[1],
                                 "accuracy": 100 * float((predict(cue, distance) == labels).mean())},
                "mean_distance": {str(k): float(distance[labels == k].mean()) for k in (0, 1)}, "checkpoints": {}}
-        print(f"{size} px ({found.sum()} of {len(found)} images with two markers found): markers {row['mean_distance']['0']:.3f} (label 0) / {row['mean_distance']['1']:.3f} "
-              f"(label 1) of the side apart; one distance threshold ({cue[0]:.3f}) scores "
-              f"{row['distance_cue']['accuracy']:.1f}%")
+        print(f"{size} px ({found.sum()} of {len(found)} images with two markers found): markers "
+              f"{row['mean_distance']['0']:.3f} (label 0) / {row['mean_distance']['1']:.3f} (label 1) of the side "
+              f"apart; one distance threshold ({cue[0]:.3f}) scores {row['distance_cue']['accuracy']:.1f}%")
         x = (torch.from_numpy(images).float().div(255)[:, None] - info.mean[0]) / info.std[0]  # (N, 1, S, S)
         for path in args.checkpoints:
             model, _ = load_probe_classifier(path)

@@ -11,8 +11,8 @@ design's model, on one thread, into ``--runs``/<design>/<probe>/seed<N>/; a run 
 run again, and one trained on other data is refused. The evaluation is
 :func:`weightformer.analysis.transfer.transfer_table` (``weightformer analyze transfer``): the held-out split
 drawn afresh at each size at the trained glyph scale, 2,000 images per size (``--eval-images``). The held-out
-relation (``HELD_OUT``, scale_match) comes last in every table. Costs: parameters and GFLOPs of each design at WeightFormer-T's size (1000 classes) at
-224² and 1248², counted on the meta device.
+relation (``HELD_OUT``, scale_match) comes last in every table. Costs: parameters and GFLOPs of each design at
+WeightFormer-T's size (1000 classes) at 224² and 1248², counted on the meta device.
 """
 
 from __future__ import annotations
@@ -87,12 +87,6 @@ def evaluate(checkpoints: list[Path], cache: Path, images: int) -> list[dict[str
             cache.write_text(json.dumps(known, indent=1) + "\n")
         rows.append(known[key])
     return rows
-
-
-def _trained_on(checkpoint: Path) -> str:
-    from weightformer.analysis.transfer import load_probe_classifier
-
-    return str(load_probe_classifier(str(checkpoint))[1].get("data"))
 
 
 def design_costs(design: str) -> dict[str, float]:
@@ -211,12 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             checkpoints = list(pool.map(lambda job: run_one(*job, args.runs), todo))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for (_, probe, _), path in zip(todo, checkpoints):
-        data = _trained_on(path)
-        if data != probe_data(probe):
-            parser.error(f"{path} was trained on {data!r}, not the suite's {probe_data(probe)!r}; move that run "
-                         f"away (or delete it) and run again")
     rows = evaluate(checkpoints, args.runs / "transfer_cache.json", args.eval_images)
+    for (_, probe, _), path, row in zip(todo, checkpoints, rows):  # each row names the data its checkpoint saw
+        if row["trained_on"] != probe_data(probe):
+            parser.error(f"{path} was trained on {row['trained_on']!r}, not the suite's {probe_data(probe)!r}; "
+                         f"move that run away (or delete it) and run again")
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for (design, probe, _), row in zip(todo, rows):
         table.setdefault(design, {}).setdefault(probe, []).append(row)

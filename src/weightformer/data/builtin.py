@@ -63,7 +63,7 @@ RELATION_OPTIONS = {"glyph_match": {"glyphs": 10}, "glyph_count": {"glyphs": 10}
 
 def probe_spec(name: str) -> BuiltinSpec:
     """The spec of a probe data set named ``probe`` or ``probe:key=value,...`` (see the module docstring)."""
-    from .probes import BACKGROUNDS, PATH_ENDS, PROBES, check_canvas
+    from .probes import PROBES, check_canvas
 
     probe, _, text = name.partition(":")
     if probe not in PROBES:
@@ -74,7 +74,7 @@ def probe_spec(name: str) -> BuiltinSpec:
         key, sep, value = item.partition("=")
         parsed = _probe_value(key, value.strip()) if sep and (key in options or key == "scale") else None
         if parsed is None:
-            choices = {"background": BACKGROUNDS, "ends": PATH_ENDS}
+            choices = _named_choices()
             forms = [*(f"{k}=INT" for k in options if k not in choices), "scale=INT or LO-HI (1 <= LO <= HI)",
                      *(f"{k}={'|'.join(v)}" for k, v in choices.items() if k in options)]
             raise DataError(f"probe option {item!r} in {name!r} is not one of {', '.join(forms)}; "
@@ -93,15 +93,20 @@ def probe_spec(name: str) -> BuiltinSpec:
                        std=(0.2,), probe=probe, options=options)
 
 
-def _probe_value(key: str, value: str) -> int | str | tuple[int, int] | None:
-    """A probe option's value from its text, or None if it is not one: ``background``'s or ``ends``'s name, ``scale``'s INT or
-    LO-HI with 1 <= LO <= HI (a range of one value is that int), any other option's INT."""
+def _named_choices() -> dict[str, tuple[str, ...]]:
+    """The probe options whose values are names, and those names."""
     from .probes import BACKGROUNDS, PATH_ENDS
 
-    if key == "background":
-        return value if value in BACKGROUNDS else None
-    if key == "ends":
-        return value if value in PATH_ENDS else None
+    return {"background": BACKGROUNDS, "ends": PATH_ENDS}
+
+
+def _probe_value(key: str, value: str) -> int | str | tuple[int, int] | None:
+    """A probe option's value from its text, or None if it is not one: a named option's name
+    (:func:`_named_choices`), ``scale``'s INT or LO-HI with 1 <= LO <= HI (a range of one value is that int), any
+    other option's INT."""
+    choices = _named_choices()
+    if key in choices:
+        return value if value in choices[key] else None
     if key == "scale" and (found := re.fullmatch(r"(\d+)-(\d+)", value)):
         lo, hi = int(found[1]), int(found[2])
         return None if not 1 <= lo <= hi else lo if lo == hi else (lo, hi)
