@@ -2,6 +2,7 @@
 diagnosis and ``weightformer analyze transfer`` (weightformer.analysis.transfer)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +179,30 @@ def test_a_vit_position_embedding_is_resampled_to_the_new_grid_as_timm_does():
     before = {k: v.clone() for k, v in wf.state_dict().items()}
     _fit_grid(wf, 64)  # no position embedding: nothing to change
     assert all(torch.equal(before[k], v) for k, v in wf.state_dict().items())
+
+
+def test_path_link_extent_scores_the_same_images_on_a_larger_canvas_and_the_redrawn_probe(probe_checkpoint, tmp_path,
+                                                                                           monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+    import path_link_extent
+    from path_link_cues import auc
+
+    assert main(["train", "--data", "path_link:size=64,train=8,val=8", "--epochs", "1", "--max-steps", "1",
+                 "--batch-size", "8", "--model-kwargs", "patch_size=8", "embed_dim=16", "depth=2",
+                 "--output", str(tmp_path / "link")]) == 0
+    ckpt, out = str(tmp_path / "link" / "last.pt"), tmp_path / "extent.json"
+    assert path_link_extent.main([ckpt, "--images", "16", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["checkpoints"][ckpt]
+    assert list(row) == ["drawn at 64", "centred on 128", "split on 128", "drawn at 128", "receptive field"]
+    field = row["receptive field"]["drawn at 128"]
+    assert 0 < field["radius_90"] <= field["half_diagonal_px"] + 1
+    assert all(0 <= s["accuracy"] <= 100 and 0 <= s["auc"] <= 1 for k, s in row.items() if k != "receptive field")
+    # the AUC is the share of (label 1, label 0) pairs ranked right: counted pair by pair here
+    rng = np.random.default_rng(0)
+    score, labels = rng.normal(size=40), np.arange(40) % 2
+    pairs = [(p > n) for p in score[labels == 1] for n in score[labels == 0]]
+    assert auc(score, labels) == pytest.approx(np.mean(pairs))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # a probe that is not path_link
+        path_link_extent.main([str(probe_checkpoint / "probe" / "last.pt")])
+    assert refused.value.code == 2 and "pass checkpoints of path_link" in capsys.readouterr().err
