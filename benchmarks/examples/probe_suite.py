@@ -4,6 +4,7 @@
     python benchmarks/examples/probe_suite.py --designs long_range long_range_local_dwc --seeds 0 1 --jobs 2
     python benchmarks/examples/probe_suite.py --probes path_link --designs long_range_local_dwc --seeds 0
     python benchmarks/examples/probe_suite.py --table-only         # the tables from the runs on disk
+    python benchmarks/examples/probe_suite.py --epochs 24 --runs runs/probe_suite_24ep --out OUT  # a longer budget
 
 Each run is ``weightformer train --data PROBE:size=64,scale=2`` (``path_link`` with ``ends=matched``) with the
 probe recipe (4-block 64-d model at patch 4, 12 epochs, batch 128; configs/classification/probe.yaml) and the
@@ -58,19 +59,42 @@ def probe_data(probe: str) -> str:
     return ",".join([f"{probe}:size={PROBE_SIZE}", f"scale={SCALE}", *PROBE_OPTIONS.get(probe, [])])
 
 
-def train_command(design: str, probe: str, seed: int, out: Path) -> list[str]:
+def train_command(design: str, probe: str, seed: int, out: Path, epochs: int | None = None) -> list[str]:
+    """The run's ``weightformer train`` command; ``epochs``: the recipe's (12) unless given."""
     model = DESIGNS[design][0]
     kwargs = {**PROBE_MODEL_KWARGS, **design_kwargs(design, PROBE_MODEL_KWARGS["depth"])}
     return ["weightformer", "train", "--data", probe_data(probe), "--model", model,
-            "--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items()), "--seed", str(seed), "--output", str(out)]
+            "--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items()),
+            *(["--epochs", str(epochs)] if epochs is not None else []), "--seed", str(seed), "--output", str(out)]
 
 
-def run_one(design: str, probe: str, seed: int, runs: Path) -> Path:
+def run_one(design: str, probe: str, seed: int, runs: Path, epochs: int | None = None) -> Path:
+    """The run's ``last.pt``, trained first unless the run has finished (a run cut short starts again)."""
     out = runs / design / probe / f"seed{seed}"
-    if not (out / "last.pt").is_file():
+    if epochs_done(out) < (epochs or recipe_epochs()):
         out.mkdir(parents=True, exist_ok=True)
-        _run([*train_command(design, probe, seed, out), "--overwrite"], out.parent / f"seed{seed}.log")
+        _run([*train_command(design, probe, seed, out, epochs), "--overwrite"], out.parent / f"seed{seed}.log")
     return out / "last.pt"
+
+
+def recipe_epochs() -> int:
+    """The probe recipe's epochs (configs/classification/probe.yaml)."""
+    import yaml
+
+    return int(yaml.safe_load((ROOT / "configs" / "classification" / "probe.yaml").read_text())["epochs"])
+
+
+def run_epochs(run: Path) -> int | None:
+    """The epochs a run folder's training was configured for (its config.yaml), None where it has none."""
+    import yaml
+
+    return int(yaml.safe_load((run / "config.yaml").read_text())["epochs"]) if (run / "config.yaml").is_file() else None
+
+
+def epochs_done(run: Path) -> int:
+    """The last epoch a run folder's training finished (its metrics.jsonl; 0 where none)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").is_file() else []
+    return int(json.loads(lines[-1]).get("epoch", 0)) if lines and (run / "last.pt").is_file() else 0
 
 
 def evaluate(checkpoints: list[Path], cache: Path, images: int) -> list[dict[str, Any]]:
@@ -121,10 +145,11 @@ def _kept(kept: list[float | None]) -> str:
 
 
 def markdown(table: dict[str, dict[str, dict[str, Any]]], costs: dict[str, dict[str, float]],
-             probes: list[str], images: int) -> str:
+             probes: list[str], images: int, epochs: int) -> str:
     from weightformer.data.probes import HELD_OUT
 
-    lines = [f"Held-out accuracy (%) on {images:,} images per size; mean ± std over seeds. Above chance kept: "
+    lines = [f"Trained {epochs} epochs at {PROBE_SIZE} px. "
+             f"Held-out accuracy (%) on {images:,} images per size; mean ± std over seeds. Above chance kept: "
              f"(acc₁₂₈ − 50) / (acc₆₄ − 50), where every seed reached {LEARNED:.0f}% at {PROBE_SIZE} px.", "",
              f"| design | probe | seeds | {PROBE_SIZE} px | {LARGE_SIZE} px | {LARGE_SIZE} / {PROBE_SIZE} | "
              "above chance kept | per seed (64 → 128) |", "|---" * 8 + "|"]
@@ -188,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", nargs="+", default=list(SUITE), choices=list(SUITE))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread)")
+    parser.add_argument("--epochs", type=int, help="training epochs (default: the recipe's 12); keep each budget's "
+                                                   "runs in a --runs folder of their own")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "probe_suite")
     parser.add_argument("--table-only", action="store_true", help="no training: the runs on disk")
     parser.add_argument("--eval-images", type=int, default=EVAL_IMAGES,
@@ -197,13 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     probes = [p for p in SUITE if p in args.probes]  # report order: the held-out relation last
     todo = [(d, p, s) for d in args.designs for p in probes for s in args.seeds]
+    epochs = args.epochs or recipe_epochs()
+    for d, p, s in todo:  # a run of another budget is refused before anything is trained (or trained over)
+        run = args.runs / d / p / f"seed{s}"
+        if run_epochs(run) not in (None, epochs):
+            parser.error(f"{run} was trained for {run_epochs(run)} epochs, not {epochs}; pass --epochs "
+                         f"{run_epochs(run)}, or a --runs folder of {epochs}-epoch runs")
     if args.table_only:
-        found = [(d, p, s) for d, p, s in todo if (args.runs / d / p / f"seed{s}" / "last.pt").is_file()]
+        found = [(d, p, s) for d, p, s in todo if epochs_done(args.runs / d / p / f"seed{s}") == epochs]
+        for job in sorted(set(todo) - set(found)):
+            if (args.runs.joinpath(*job[:2], f"seed{job[2]}") / "last.pt").is_file():
+                print(f"skipped (not finished): {args.runs.joinpath(*job[:2], f'seed{job[2]}')}", file=sys.stderr)
         checkpoints = [args.runs / d / p / f"seed{s}" / "last.pt" for d, p, s in found]
         todo = found
     else:
         with ThreadPoolExecutor(args.jobs) as pool:
-            checkpoints = list(pool.map(lambda job: run_one(*job, args.runs), todo))
+            checkpoints = list(pool.map(lambda job: run_one(*job, args.runs, args.epochs), todo))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = evaluate(checkpoints, args.runs / "transfer_cache.json", args.eval_images)
     for (_, probe, _), path, row in zip(todo, checkpoints, rows):  # each row names the data its checkpoint saw
@@ -219,13 +255,13 @@ def main(argv: list[str] | None = None) -> int:
 
     command = "python benchmarks/examples/probe_suite.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = {"machine": {**machine_info(command=command), "threads_per_run": 1}, "command": command,
-              "sizes": [PROBE_SIZE, LARGE_SIZE], "scale": SCALE,
+              "epochs": epochs, "sizes": [PROBE_SIZE, LARGE_SIZE], "scale": SCALE,
               "eval_images": args.eval_images, "designs": {d: list(DESIGNS[d]) for d in table},
-              "runs": [{"design": d, "probe": p, "seed": s, "command": shlex.join(train_command(d, p, s, args.runs / d / p / f"seed{s}")),
+              "runs": [{"design": d, "probe": p, "seed": s, "command": shlex.join(train_command(d, p, s, args.runs / d / p / f"seed{s}", args.epochs)),
                         "accuracy": row["accuracy"]} for (d, p, s), row in zip(todo, rows)],
               "summary": table, "costs": costs}
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    text = markdown(table, costs, probes, args.eval_images)
+    text = markdown(table, costs, probes, args.eval_images, epochs)
     args.out.with_suffix(".md").write_text(text)
     plot(table, probes, args.out.with_suffix(".png"))
     print(text)
