@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         for job in sorted(set(todo) - set(found)):
             if (args.runs.joinpath(*job[:2], f"seed{job[2]}") / "last.pt").is_file():
                 print(f"skipped (not finished): {args.runs.joinpath(*job[:2], f'seed{job[2]}')}", file=sys.stderr)
+        if not found:
+            parser.error(f"no finished {epochs}-epoch run of these designs, probes and seeds under {args.runs}; "
+                         f"pass the folder they were trained into with --runs")
         checkpoints = [args.runs / d / p / f"seed{s}" / "last.pt" for d, p, s in found]
         todo = found
     else:
