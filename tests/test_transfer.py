@@ -206,3 +206,26 @@ def test_path_link_extent_scores_the_same_images_on_a_larger_canvas_and_the_redr
     with pytest.raises(SystemExit) as refused:  # a probe that is not path_link
         path_link_extent.main([str(probe_checkpoint / "probe" / "last.pt")])
     assert refused.value.code == 2 and "pass checkpoints of path_link" in capsys.readouterr().err
+
+
+def test_looped_blocks_apply_the_block_stack_the_given_number_of_times(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+    import looped_blocks
+
+    from weightformer.models.weightformer import WeightFormer
+
+    torch.manual_seed(0)
+    model = timm.create_model("weightformer_long_range_tiny", patch_size=8, embed_dim=16, depth=2, in_chans=1,
+                              num_classes=2, img_size=32).eval()
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        tokens = model.norm_pre(model.patch_embed(x))  # (B, 4, 4, C): the embedding, by hand
+        for _ in range(3):
+            for block in model.blocks:
+                tokens = block(tokens)
+        expected = model.head(model.norm(tokens).mean(dim=(1, 2)))
+    monkeypatch.setattr(WeightFormer, "forward_features", WeightFormer.forward_features)  # restored after the test
+    monkeypatch.setitem(looped_blocks.PASSES, "fixed", 3)
+    looped_blocks.loop_blocks()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected)
