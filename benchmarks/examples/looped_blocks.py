@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from weightformer.atomic import write_atomic
+
 PASSES = {"lo": 2, "hi": 4, "fixed": None}  # training draws lo..hi; "fixed" (an int) overrides in eval mode
 
 
@@ -95,10 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = [tuple(int(v) for v in item.split(":")) for item in args.plan]
     result = score(args.checkpoints, plan, args.images)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"passes_trained": [args.passes_lo, args.passes_hi], "images": args.images,
-                       "checkpoints": result}, f, indent=1)
-            f.write("\n")
+        record = {"passes_trained": [args.passes_lo, args.passes_hi], "images": args.images, "checkpoints": result}
+        write_atomic(args.json, json.dumps(record, indent=1) + "\n")
     return 0
 
 

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from weightformer.atomic import write_atomic
+
 SIZES = (64, 128)
 WIDTH = 2  # the suite's stroke width (scale=2)
 
@@ -144,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(a constant answer: {c['agreement_by_chance']:.1f}%)")
         record["sizes"][str(size)] = row
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
+        write_atomic(args.json, json.dumps(record, indent=1) + "\n")
     return 0
 
 

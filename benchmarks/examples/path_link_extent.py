@@ -29,6 +29,8 @@ import sys
 import numpy as np
 import torch
 
+from weightformer.atomic import write_atomic
+
 from path_link_cues import auc  # this folder's
 
 LARGE = 128
@@ -84,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:>15}: receptive field radius {field.radius_50:.1f} px (50%), {field.radius_90:.1f} px "
                   f"(90%) of {erf[name]['half_diagonal_px']:.1f}; {field.outside_center:.0%} outside the central box")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
+        write_atomic(args.json, json.dumps(record, indent=1) + "\n")
     return 0
 
 
