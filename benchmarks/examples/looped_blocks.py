@@ -46,7 +46,7 @@ def loop_blocks() -> None:
 
 def score(paths: list[str], plan: list[tuple[int, int]], images: int) -> dict[str, dict[str, list[float]]]:
     """{checkpoint: {"SIZEpx xPASSES": [accuracy %, AUC]}} on ``images`` held-out images per size."""
-    from path_link_cues import auc  # this folder's
+    from path_link_extent import score as score_batch  # this folder's
 
     from weightformer.analysis.transfer import (checkpoint_probe, glyph_scale, load_probe_classifier, probe_at,
                                                 probe_batch)
@@ -60,11 +60,8 @@ def score(paths: list[str], plan: list[tuple[int, int]], images: int) -> dict[st
         row = out[path] = {}
         for size, passes in plan:
             PASSES["fixed"] = passes
-            x, y = batches[size]
-            with torch.no_grad():
-                logits = torch.cat([model(x[i:i + 250]) for i in range(0, len(x), 250)])  # (N, 2)
-            row[f"{size}px x{passes}"] = [100 * float((logits.argmax(-1) == y).float().mean()),
-                                          auc((logits[:, 1] - logits[:, 0]).numpy(), y.numpy())]
+            scored = score_batch(model, *batches[size])
+            row[f"{size}px x{passes}"] = [scored["accuracy"], scored["auc"]]
             print(f"{path} {size} px, {passes} passes: {row[f'{size}px x{passes}'][0]:.1f}%, "
                   f"AUC {row[f'{size}px x{passes}'][1]:.3f}", flush=True)
     return out
