@@ -1,5 +1,5 @@
 """The long-range predictors (score_pool, centered, double_centered, its gated form, median_polished, score_gap,
-median_gap) and the models registered on them."""
+median_gap, offset_corr) and the models registered on them."""
 
 import numpy as np
 import pytest
@@ -22,6 +22,7 @@ from weightformer.layers.long_range_predictors import (
     GatedDoubleCenteredPredictor,
     MedianGapKernelPredictor,
     MedianPolishedPredictor,
+    OffsetCorrelationKernelPredictor,
     ScorePoolKernelPredictor,
     ScorePoolPredictor,
 )
@@ -254,6 +255,66 @@ def test_median_predictors_script_and_match_eager():
         torch.testing.assert_close(torch.jit.script(model)(x), model(x))
 
 
+def _numpy_offset_correlation(m: torch.Tensor, k: int) -> np.ndarray:
+    """A[b, c, i, j] = Σ_p m[p]·SiLU(m[p + (i − r, j − r)]) over the positions whose neighbour is inside, float64."""
+    values = m.detach().double().numpy()
+    silu = values / (1 + np.exp(-values))
+    B, C, H, W = values.shape
+    r = k // 2
+    out = np.zeros((B, C, k, k))
+    for i in range(k):
+        for j in range(k):
+            for y in range(H):
+                for x in range(W):
+                    ny, nx = y + i - r, x + j - r
+                    if 0 <= ny < H and 0 <= nx < W:
+                        out[:, :, i, j] += values[:, :, y, x] * silu[:, :, ny, nx]
+    return out
+
+
+def test_offset_corr_reads_the_offset_correlation_of_the_median_polish_residuals():
+    """Against numpy on an odd grid (every median one element) with a 5×5 kernel, where the taps are not
+    symmetric: A(d) ≠ A(−d)."""
+    predictor = OffsetCorrelationKernelPredictor(8, 5)
+    _randomise(predictor)
+    x = torch.randn(2, 8, 5, 7)
+    a = torch.from_numpy(_numpy_offset_correlation(_numpy_median_polish(x), 5)).float()  # (B, C, 5, 5)
+    assert (a - a.flip(-1, -2)).abs().max() > 0.1  # not centrosymmetric
+    a = a / (a.pow(2).mean(dim=(1, 2, 3), keepdim=True).sqrt() + 1e-6)
+    hidden = F.gelu(torch.einsum("oc,bcij->boij", predictor.fc1.weight[:, :, 0, 0], a)
+                    + predictor.fc1.bias[:, None, None])
+    expected = torch.einsum("oc,bcij->boij", predictor.fc2.weight[:, :, 0, 0], hidden)
+    torch.testing.assert_close(predictor(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_offset_corr_is_unchanged_by_background_added_around_sparse_content():
+    """A stroke and a dot on a uniform background, then on a canvas of twice the side (centred, and in a corner):
+    the kernel is the same, where the release's region-by-region kernel changes."""
+    torch.manual_seed(0)
+    background = torch.randn(1, 1, 1, 16)
+    x = background.expand(2, 12, 12, 16).clone()
+    x[:, 3, 2:7] += 2 * torch.randn(2, 1, 16)  # a horizontal stroke, five tokens long
+    x[:, 8, 9] += 2 * torch.randn(2, 16)
+    predictor, adaptive = OffsetCorrelationKernelPredictor(16, 3), DWCONV_PREDICTORS["adaptive"](16, 3)
+    for top, left in ((6, 6), (0, 12)):
+        larger = _on_a_larger_canvas(x, background, 24, top, left).permute(0, 3, 1, 2)
+        small = x.permute(0, 3, 1, 2)
+        torch.testing.assert_close(predictor(larger), predictor(small), rtol=1e-4, atol=1e-6)
+        assert (adaptive(larger) - adaptive(small)).abs().max() > 1e-3 * adaptive(small).abs().max()
+    layer = DynamicDWConv(16, 3, predictor="offset_corr")  # an all-background input: A = 0, finite gradients
+    blank = background.permute(0, 3, 1, 2).expand(1, 16, 6, 6).clone().requires_grad_()
+    layer(blank).square().sum().backward()
+    assert torch.isfinite(blank.grad).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_offset_corr_scripts_and_matches_eager():
+    model = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=3, depth=2,
+                              dwc_predictor="offset_corr").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x))
+
+
 def test_score_gap_pools_each_channel_with_its_own_softmax():
     predictor = ScorePoolKernelPredictor(8, 3)
     _randomise(predictor)
@@ -270,6 +331,7 @@ def test_new_names_are_in_the_registries_and_layers_build_with_them():
     assert LINEAR_PREDICTORS["bilateral_unit"] is BilateralUnitPredictor
     assert DWCONV_PREDICTORS["score_gap"] is ScorePoolKernelPredictor
     assert DWCONV_PREDICTORS["median_gap"] is MedianGapKernelPredictor
+    assert DWCONV_PREDICTORS["offset_corr"] is OffsetCorrelationKernelPredictor
     x = torch.randn(2, 5, 3, 32)  # odd grid side
     assert LINEAR_PREDICTORS["double_centered"] is DoubleCenteredPredictor
     assert LINEAR_PREDICTORS["median_polished"] is MedianPolishedPredictor
@@ -277,7 +339,7 @@ def test_new_names_are_in_the_registries_and_layers_build_with_them():
     for name in ("score_pool", "centered", "double_centered", "double_centered_gated", "median_polished",
                  "bilateral_unit"):
         assert DynamicLinear(32, 128, predictor=name)(x).shape == (2, 5, 3, 128)
-    for name in ("score_gap", "median_gap"):
+    for name in ("score_gap", "median_gap", "offset_corr"):
         assert DynamicDWConv(32, 5, predictor=name)(x.permute(0, 3, 1, 2)).shape == (2, 32, 5, 3)
 
 

@@ -31,6 +31,14 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   ``adaptive`` kernel reads each tap from its own region of the canvas, and ``gap`` a mean that background
   dilutes, so both change when the canvas grows; this sum does not while background is most of each row
   and column.
+- ``offset_corr`` (``dwc_predictor=``): ``adaptive``'s two 1×1 convs read, in place of region (i, j)'s mean, the
+  median-polished map's correlation along offset (i, j): with M the median-polish residuals of X on its H×W grid
+  and r = K // 2, A_c(i, j) = Σ_p M_{c,p}·SiLU(M_{c,p+(i−r, j−r)}) (zero beyond the edge), then
+  ΔK = W₂ ∗ GELU(W₁ ∗ unit(A) + b₁), unit over channels and taps. Tap (i, j) of a kernel weighs the neighbour at
+  that offset; A says how the features co-vary in that direction (a stroke's orientation, say), wherever they
+  are. Background residuals are 0 while background is most of each row and column, and contribute nothing to
+  the sum, so a drawing centred on a larger blank canvas gives the same ΔK; ``adaptive``'s region means do not
+  (docs/probes.md, "Why ``path_link`` falls").
 - ``score_gap`` (``dwc_predictor=``): ``gap`` with a per-channel softmax-weighted pool in place of the global
   average, z_c = Σ_t softmax_t(X·W_s + b_s)_{t,c} · X_{t,c}; ΔK_c = GELU(W₁z + b₁)_c · U_c.
 """
@@ -46,8 +54,8 @@ from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_
 
 __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "GatedDoubleCenteredPredictor",
            "MedianPolishedPredictor",
-           "MedianGapKernelPredictor", "ScorePoolKernelPredictor", "ScorePoolPredictor", "double_center",
-           "median_polish"]
+           "MedianGapKernelPredictor", "OffsetCorrelationKernelPredictor", "ScorePoolKernelPredictor",
+           "ScorePoolPredictor", "double_center", "median_polish", "offset_correlation"]
 
 _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
@@ -233,3 +241,37 @@ class MedianGapKernelPredictor(GapKernelPredictor):
         z = median_polish(tokens, H, W).sum(dim=1)  # (B, C)
         z = z / (_rms(z, [1]) + 1e-6)
         return self.act(self.fc1(z))[:, :, None, None] * self.bank
+
+
+def offset_correlation(m: Tensor, kernel_size: int) -> Tensor:
+    """A[b, c, i, j] = Σ_p m[b, c, p]·SiLU(m[b, c, p + (i − r, j − r)]), r = kernel_size // 2, zero beyond the
+    edge: per channel, how each position's value meets its neighbour's at every offset of a K×K kernel.
+    (B, C, H, W) -> (B, C, K, K)."""
+    B, C, H, W = m.shape
+    r = kernel_size // 2
+    neighbour = F.pad(F.silu(m), (r, r, r, r))  # (B, C, H + 2r, W + 2r)
+    taps: list[Tensor] = []  # K² of (B, C), row-major; loops, as TorchScript takes one generator per comprehension
+    for i in range(kernel_size):
+        for j in range(kernel_size):
+            taps.append((m * neighbour[:, :, i:i + H, j:j + W]).sum(dim=(2, 3)))
+    return torch.stack(taps, dim=-1).view(B, C, kernel_size, kernel_size)
+
+
+@register_predictor("dwconv", "offset_corr")
+class OffsetCorrelationKernelPredictor(nn.Module):
+    """ΔK = W₂ ∗ GELU(W₁ ∗ unit(A) + b₁), A the median-polished map's offset correlation (module docstring)."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.fc1 = nn.Conv2d(dim, dim, 1, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        B, C, H, W = x.shape
+        tokens = x.flatten(2).transpose(1, 2)  # (B, H·W, C), row-major
+        residual = median_polish(tokens, H, W).transpose(1, 2).reshape(B, C, H, W)
+        a = offset_correlation(residual, self.kernel_size)
+        a = a / (_rms(a, [1, 2, 3]) + 1e-6)
+        return self.fc2(self.act(self.fc1(a)))
