@@ -226,6 +226,15 @@ def test_median_gap_is_the_unit_sum_of_the_median_polish_residuals():
     torch.testing.assert_close(predictor(x), expected, rtol=1e-4, atol=1e-6)
 
 
+def _assert_finite_gradients_on_blank(predictor: str, background: torch.Tensor) -> None:
+    """A dynamic conv with ``predictor`` on an all-background input (1, 1, 1, C): finite gradients everywhere."""
+    channels = background.shape[-1]
+    layer = DynamicDWConv(channels, 3, predictor=predictor)
+    blank = background.permute(0, 3, 1, 2).expand(1, channels, 6, 6).clone().requires_grad_()
+    layer(blank).square().sum().backward()
+    assert torch.isfinite(blank.grad).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
 def test_median_gap_is_unchanged_by_background_added_around_sparse_content():
     """Where the release's region-by-region kernel and the global mean both change with the canvas."""
     torch.manual_seed(0)
@@ -240,10 +249,7 @@ def test_median_gap_is_unchanged_by_background_added_around_sparse_content():
     for name in ("adaptive", "gap"):
         other = DWCONV_PREDICTORS[name](16, 3)
         assert (other(larger) - other(x)).abs().max() > 1e-3 * other(x).abs().max(), name
-    layer = DynamicDWConv(16, 3, predictor="median_gap")  # an all-background input: z = 0, finite gradients
-    blank = background.permute(0, 3, 1, 2).expand(1, 16, 6, 6).clone().requires_grad_()
-    layer(blank).square().sum().backward()
-    assert torch.isfinite(blank.grad).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    _assert_finite_gradients_on_blank("median_gap", background)  # z = 0 there
 
 
 def test_median_predictors_script_and_match_eager():
@@ -301,10 +307,7 @@ def test_offset_corr_is_unchanged_by_background_added_around_sparse_content():
         small = x.permute(0, 3, 1, 2)
         torch.testing.assert_close(predictor(larger), predictor(small), rtol=1e-4, atol=1e-6)
         assert (adaptive(larger) - adaptive(small)).abs().max() > 1e-3 * adaptive(small).abs().max()
-    layer = DynamicDWConv(16, 3, predictor="offset_corr")  # an all-background input: A = 0, finite gradients
-    blank = background.permute(0, 3, 1, 2).expand(1, 16, 6, 6).clone().requires_grad_()
-    layer(blank).square().sum().backward()
-    assert torch.isfinite(blank.grad).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    _assert_finite_gradients_on_blank("offset_corr", background)  # A = 0 there
 
 
 def test_offset_corr_scripts_and_matches_eager():

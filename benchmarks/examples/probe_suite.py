@@ -38,6 +38,7 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
                                                           "dwc_dynamic_period": 3}),
     "long_range_late": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
                                                          "dwc_dynamic_period": 3, "dynamic_linear_start": "half"}),
+    "long_range_offset_corr": ("weightformer_long_range_tiny", {"dwc_predictor": "offset_corr"}),
 }
 T_DEPTH = 17  # WeightFormer-T's, for the costs
 

@@ -79,11 +79,14 @@ class AdaptiveKernelPredictor(nn.Module):
         self.act = nn.GELU()
         self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+    def statistic(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        """What the 1×1 convs read at tap (i, j): here region (i, j)'s mean."""
         # Contiguous (NCHW) so the 1×1 convs' weight gradients come out in the weights' own layout,
         # which DDP's gradient buckets expect; the pooled map is only K×K.
-        pooled = adaptive_avg_pool(x, self.kernel_size).contiguous()
-        return self.fc2(self.act(self.fc1(pooled)))
+        return adaptive_avg_pool(x, self.kernel_size).contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        return self.fc2(self.act(self.fc1(self.statistic(x))))
 
 
 @register_predictor("dwconv", "gap")

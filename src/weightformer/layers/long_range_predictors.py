@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from .dynamic_dwconv import GapKernelPredictor
+from .dynamic_dwconv import AdaptiveKernelPredictor, GapKernelPredictor
 from .dynamic_layer import register_predictor
 from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
@@ -258,20 +258,13 @@ def offset_correlation(m: Tensor, kernel_size: int) -> Tensor:
 
 
 @register_predictor("dwconv", "offset_corr")
-class OffsetCorrelationKernelPredictor(nn.Module):
-    """ΔK = W₂ ∗ GELU(W₁ ∗ unit(A) + b₁), A the median-polished map's offset correlation (module docstring)."""
+class OffsetCorrelationKernelPredictor(AdaptiveKernelPredictor):
+    """``adaptive``'s layers reading unit(A), A the median-polished map's offset correlation (module docstring)."""
 
-    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.fc1 = nn.Conv2d(dim, dim, 1, device=device, dtype=dtype)
-        self.act = nn.GELU()
-        self.fc2 = nn.Conv2d(dim, dim, 1, bias=False, device=device, dtype=dtype)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+    def statistic(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        """unit(A): the offset correlation of the median-polish residuals, at unit RMS over channels and taps."""
         B, C, H, W = x.shape
         tokens = x.flatten(2).transpose(1, 2)  # (B, H·W, C), row-major
         residual = median_polish(tokens, H, W).transpose(1, 2).reshape(B, C, H, W)
         a = offset_correlation(residual, self.kernel_size)
-        a = a / (_rms(a, [1, 2, 3]) + 1e-6)
-        return self.fc2(self.act(self.fc1(a)))
+        return a / (_rms(a, [1, 2, 3]) + 1e-6)
