@@ -11,7 +11,9 @@ with the canvas leaves it alone) on:
 - ``drawn at 64``: the probe's held-out split at 64 px, as trained;
 - ``centred on 128``, ``split on 128``: those images on a blank 128 px canvas, centred, or cut at the middle
   column with the halves moved to the edges (``weightformer.analysis.transfer.insert_background``): the canvas
-  and the number of tokens double, the curves stay as they were;
+  and the number of tokens double, the curves stay as they were. The split also cuts every curve that crosses
+  the middle column, so a model that follows the curves may rightly answer otherwise there: it is a control for
+  a pooled cue (which it leaves alone), while ``centred`` is the test for a model that learned the relation;
 - ``drawn at 128``: the probe's held-out split redrawn at 128 px, the curves twice as long.
 
 If the first three agree and only the last falls, what the model learned does not depend on the canvas (no pooled
