@@ -252,10 +252,13 @@ def test_median_gap_is_unchanged_by_background_added_around_sparse_content():
     _assert_finite_gradients_on_blank("median_gap", background)  # z = 0 there
 
 
-def test_median_predictors_script_and_match_eager():
-    """TorchScript, as timm's suite scripts every registered model, with both median predictors in every block."""
+@pytest.mark.parametrize("predictors", [{"linear_predictor": "median_polished", "dwc_predictor": "median_gap"},
+                                        {"dwc_predictor": "offset_corr"}])
+def test_median_predictors_script_and_match_eager(predictors):
+    """TorchScript, as timm's suite scripts every registered model, with the median-polishing predictors in
+    every block."""
     model = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=3, depth=2,
-                              linear_predictor="median_polished", dwc_predictor="median_gap").eval()
+                              **predictors).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.script(model)(x), model(x))
@@ -308,14 +311,6 @@ def test_offset_corr_is_unchanged_by_background_added_around_sparse_content():
         torch.testing.assert_close(predictor(larger), predictor(small), rtol=1e-4, atol=1e-6)
         assert (adaptive(larger) - adaptive(small)).abs().max() > 1e-3 * adaptive(small).abs().max()
     _assert_finite_gradients_on_blank("offset_corr", background)  # A = 0 there
-
-
-def test_offset_corr_scripts_and_matches_eager():
-    model = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=3, depth=2,
-                              dwc_predictor="offset_corr").eval()
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.jit.script(model)(x), model(x))
 
 
 def test_score_gap_pools_each_channel_with_its_own_softmax():
