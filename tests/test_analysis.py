@@ -156,6 +156,31 @@ def test_update_stats_see_the_released_predictor_start_near_zero_and_the_unit_on
     assert dynamic_update_stats(static, images) == []
 
 
+def test_update_stats_read_the_conv_update_the_layer_applies():
+    """For a static-led conv, ΔK̂'s norm as the layer adds it to the kernel (its predicted_delta), not the
+    predictor's raw output's."""
+    import timm
+
+    from weightformer.analysis.dynamics import dynamic_update_stats
+    from weightformer.layers import DynamicDWConv
+
+    torch.manual_seed(0)
+    model = timm.create_model("weightformer_long_range_tiny", patch_size=4, embed_dim=32, depth=2, img_size=16,
+                              dwc_static_led=True).eval()
+    images = torch.randn(4, 3, 16, 16)
+    inputs = {}
+    convs = {n: m for n, m in model.named_modules() if isinstance(m, DynamicDWConv)}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, n=n: inputs.__setitem__(n, args[0])) for n, m in convs.items()]
+    rows = {r["layer"]: r for r in dynamic_update_stats(model, images)}
+    for hook in hooks:
+        hook.remove()
+    for name, conv in convs.items():
+        with torch.no_grad():
+            applied = conv.predicted_delta(inputs[name]).flatten(2).norm(dim=-1).mean().item()
+        assert rows[name]["capped_norm"] == pytest.approx(applied, rel=1e-5)
+        assert rows[name]["capped_norm"] < 0.2 < rows[name]["static_norm"]
+
+
 def test_edge_interaction_is_zero_for_local_models_and_not_for_global_mixing(capsys):
     import timm
 

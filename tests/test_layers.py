@@ -248,11 +248,14 @@ def test_dynamic_dwconv_matches_its_formula(predictor, kernel_size, implementati
     )
 
 
+@pytest.mark.parametrize("implementation", ["fast", "reference"])
+@pytest.mark.parametrize("static_led, scale", [(False, 1.0), (True, 0.1)])  # the release's; ΔK a tenth as large
 @pytest.mark.parametrize("predictor_std", [0.4, 5.0])  # updates of norm about 1, and about 10^3
-def test_dynamic_dwconv_normalises_each_update_kernel(predictor_std):
-    """The layer's own normalisation: its kernels, read back from its output, are K + ΔK/(‖ΔK‖+1)."""
+def test_dynamic_dwconv_normalises_each_update_kernel(predictor_std, static_led, scale, implementation):
+    """The layer's own normalisation: its kernels, read back from its output, are K + sΔK/(‖sΔK‖+1)."""
     C, K = 4, 3
-    layer = DynamicDWConv(C, K)
+    layer = DynamicDWConv(C, K, static_led=static_led)
+    layer.use_reference = implementation == "reference"
     sd = _realistic(layer, predictor_std, seed=5)
     x = torch.randn(1, C, 6, 6, generator=torch.Generator().manual_seed(6), dtype=torch.double)
     with torch.no_grad():
@@ -260,10 +263,48 @@ def test_dynamic_dwconv_normalises_each_update_kernel(predictor_std):
     patches = F.unfold(x, K, padding=K // 2).reshape(C, K * K, 36).transpose(1, 2)  # (C, 36 pixels, K·K)
     # 36 pixels per channel for 9 kernel taps: the kernels are the exact least-squares solution.
     kernel = torch.linalg.lstsq(patches, out.reshape(C, 36, 1)).solution.reshape(C, K, K)
-    update_norms = (kernel - sd["weight"][:, 0]).flatten(1).norm(dim=-1)  # ‖ΔK̂‖ per channel
-    delta_norms = dwconv_update("adaptive", sd, x, K)[0].flatten(1).norm(dim=-1)
-    torch.testing.assert_close(update_norms, delta_norms / (delta_norms + 1), rtol=1e-8, atol=1e-10)
-    assert (update_norms < 1).all()
+    delta = scale * dwconv_update("adaptive", sd, x, K)[0]  # (C, K, K)
+    delta_norms = delta.flatten(1).norm(dim=-1)
+    expected = delta / (delta_norms + 1)[:, None, None]
+    torch.testing.assert_close(kernel - sd["weight"][:, 0], expected, rtol=1e-7, atol=1e-10)
+    assert (expected.flatten(1).norm(dim=-1) < 1).all()
+
+
+def test_static_led_dwconv_starts_as_the_static_blocks_conv():
+    """Its static kernel and bias are nn.Conv2d's draws (the static blocks' depthwise conv), about ten times the
+    release's; its per-sample correction starts about a tenth of that."""
+    C, K = 16, 3
+    layer, release = DynamicDWConv(C, K, static_led=True), DynamicDWConv(C, K)
+    conv = torch.nn.Conv2d(C, C, K, padding=K // 2, groups=C)
+    torch.manual_seed(3)
+    layer.reset_parameters()
+    torch.manual_seed(3)
+    conv.reset_parameters()
+    torch.testing.assert_close(layer.weight, conv.weight, rtol=0, atol=0)
+    torch.testing.assert_close(layer.bias, conv.bias, rtol=0, atol=0)
+    static_norm = layer.weight.flatten(1).norm(dim=-1).mean()
+    assert static_norm > 5 * release.weight.flatten(1).norm(dim=-1).mean()
+    x = torch.randn(2, C, 8, 8)
+    with torch.no_grad():
+        correction = layer.predicted_delta(x).flatten(2).norm(dim=-1).mean()
+        assert correction < static_norm / 4
+        assert layer.predicted_delta(x).flatten(2).norm(dim=-1).max() < 1
+    assert "static_led=True" in repr(layer) and "static_led" not in repr(release)
+
+
+def test_static_led_dwconv_scripts_and_traces_as_eager():
+    from unittest import mock
+
+    from weightformer.layers import dynamic_dwconv
+
+    torch.manual_seed(0)
+    layer = DynamicDWConv(8, 3, static_led=True).double()
+    x = torch.randn(2, 8, 6, 7, dtype=torch.double)
+    with torch.no_grad():
+        eager = layer(x)
+        torch.testing.assert_close(torch.jit.script(layer)(x), eager)
+        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):  # the symbolic-size form
+            torch.testing.assert_close(layer(x), eager)
 
 
 def test_dynamic_dwconv_is_per_sample():

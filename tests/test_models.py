@@ -88,6 +88,15 @@ def test_dwc_dynamic_period_refuses_what_it_cannot_build(dwc_period, message):
         WeightFormer(embed_dim=32, depth=5, dynamic_period=3, dwc_dynamic_period=dwc_period, device="meta")
 
 
+def test_dwc_static_led_reaches_every_dynamic_conv_and_only_those():
+    model = WeightFormer(embed_dim=32, depth=5, dynamic_period=1, dwc_dynamic_period=3, dwc_static_led=True,
+                         device="meta")
+    dynamic = [b.dwc for b in model.blocks if isinstance(b.dwc, DynamicDWConv)]
+    assert len(dynamic) == 2 and all(conv.static_led and conv.delta_scale == 0.1 for conv in dynamic)
+    released = WeightFormer(embed_dim=32, depth=5, device="meta")
+    assert not any(b.dwc.static_led for b in released.blocks if isinstance(b.dwc, DynamicDWConv))
+
+
 @pytest.mark.parametrize("period, start, linears", [(1, 2, [2, 3, 4]), (1, 0, [0, 1, 2, 3, 4]), (3, 2, [4]),
                                                    (1, 5, [])])
 def test_dynamic_linear_start_keeps_the_earlier_blocks_fc1_static(period, start, linears):

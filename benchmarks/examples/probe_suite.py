@@ -39,6 +39,8 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
     "long_range_late": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
                                                          "dwc_dynamic_period": 3, "dynamic_linear_start": "half"}),
     "long_range_offset_corr": ("weightformer_long_range_tiny", {"dwc_predictor": "offset_corr"}),
+    "long_range_static_led": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
+                                                               "dwc_predictor": "offset_corr", "dwc_static_led": True}),
 }
 T_DEPTH = 17  # WeightFormer-T's, for the costs
 

@@ -1,6 +1,7 @@
 """How large the predicted weight updates of a model's dynamic layers are, and how much they depend on the image.
 
-Per layer, over a batch: ``delta_norm``, the mean norm of the raw ΔW columns (ΔK kernels); ``capped_norm``, of
+Per layer, over a batch: ``delta_norm``, the mean norm of the raw ΔW columns (ΔK kernels, times a static-led
+conv's scale s: what the layer normalises); ``capped_norm``, of
 ΔŴ = Δ/(‖Δ‖+1), near 1 only where the cap binds; ``static_norm``, of the static weight's columns; ``spread``, the
 mean of ‖ΔŴ(x) − mean_x ΔŴ(x)‖ per column, the part that can carry an image's content.
 """
@@ -40,6 +41,8 @@ def dynamic_update_stats(model: nn.Module, images: Tensor) -> list[dict[str, Any
     rows = []
     for name, layer in layers.items():
         delta = captured[name].float()  # (B, O, C) or (B, C, K, K)
+        if isinstance(layer, DynamicDWConv):
+            delta = delta * layer.delta_scale  # what the layer normalises (DynamicDWConv.predicted_delta)
         norms = _column_norms(delta)
         capped = delta / (norms.view(*norms.shape, *([1] * (delta.dim() - 2))) + 1.0)
         spread = _column_norms(capped - capped.mean(0, keepdim=True))

@@ -15,6 +15,8 @@ of the input (:func:`per_sample_depthwise_conv_taps`) and size-following averagi
 """
 
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -144,27 +146,55 @@ class ConvKernelPredictor(nn.Module):
         return self.fc2(self.act(self.fc1(self.spatial(pooled))))
 
 
+STATIC_LED_DELTA_SCALE = 0.1  # ΔK's factor in a static-led conv: its correction starts a tenth as long
+
+
 class DynamicDWConv(DynamicWeightLayer):
     """Depthwise conv with a per-sample kernel, y = (K + ΔK̂(X)) ∗ X + b, "same" padding, K odd;
-    ΔK̂_c = ΔK_c / (‖ΔK_c‖₂ + 1) per channel. (B, C, H, W) -> (B, C, H, W)."""
+    ΔK̂_c = s·ΔK_c / (‖s·ΔK_c‖₂ + 1) per channel, s = 1. (B, C, H, W) -> (B, C, H, W).
 
-    def __init__(self, dim: int, kernel_size: int = 3, predictor: str = "adaptive", device=None, dtype=None):
+    ``static_led=True`` (not the release's): K and b drawn as ``nn.Conv2d``'s, as the static blocks' conv (K about
+    0.58 long per channel at 3×3, against the release's 0.06), and s = :data:`STATIC_LED_DELTA_SCALE`, so the
+    conv starts as a static block's with a per-sample correction about 0.05 long (the release's: 0.3, five times
+    K); the correction can still grow to length 1 as the predictor learns (docs/analysis.md §6)."""
+
+    def __init__(self, dim: int, kernel_size: int = 3, predictor: str = "adaptive", static_led: bool = False,
+                 device=None, dtype=None):
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be a positive odd number for 'same' padding, got {kernel_size}")
+        self.static_led = static_led  # read by reset_parameters, which the base's __init__ calls
+        self.delta_scale = STATIC_LED_DELTA_SCALE if static_led else 1.0
         super().__init__("dynamic depthwise-conv", DWCONV_PREDICTORS, predictor, (dim, kernel_size),
                          weight_shape=(dim, 1, kernel_size, kernel_size), bias_size=dim, device=device, dtype=dtype)
         self.dim, self.kernel_size = dim, kernel_size
 
+    def reset_parameters(self) -> None:
+        """The release's draws, or with ``static_led`` those of ``nn.Conv2d.reset_parameters`` (kaiming uniform with
+        a = √5, bias uniform in ±1/√fan_in), the static blocks' conv."""
+        if not self.static_led:
+            super().reset_parameters()
+            return
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        bound = 1 / math.sqrt(self.weight[0].numel())  # fan_in = 1·K·K
+        nn.init.uniform_(self.bias, -bound, bound)
+
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}"
+        led = ", static_led=True" if self.static_led else ""
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}{led}"
+
+    def predicted_delta(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
+        """ΔK̂ = s·ΔK / (‖s·ΔK‖₂ + 1) per sample and channel."""
+        delta = self.predictor(x)
+        if self.static_led:
+            delta = delta * self.delta_scale
+        return delta / (torch.linalg.vector_norm(delta, dim=(2, 3), keepdim=True) + 1.0)
 
     def forward_fast(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
         B, C, H, W = x.shape
         K = self.kernel_size
         if C != self.dim:
             raise ValueError(f"DynamicDWConv expected {self.dim} channels, got {C}")
-        delta = self.predictor(x)  # (B, C, K, K)
-        delta = delta / (torch.linalg.vector_norm(delta, dim=(2, 3), keepdim=True) + 1.0)
+        delta = self.predicted_delta(x)  # (B, C, K, K)
         kernel = (delta + self.weight.view(1, C, K, K)).to(x.dtype)  # (B, C, K, K), no repeat of the static kernel
         if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
             if torch.compiler.is_compiling():  # sizes stay symbolic: no B·C group count (module docstring)
@@ -184,7 +214,7 @@ def dynamic_dwconv_reference(layer: DynamicDWConv, x: Tensor) -> Tensor:
     """The paper's pseudocode, with the static kernel repeated per sample: the equivalence reference."""
     B, C, H, W = x.shape
     K = layer.kernel_size
-    delta = layer.predictor(x).reshape(B * C, 1, K, K)
+    delta = layer.predictor(x).reshape(B * C, 1, K, K) * layer.delta_scale
     delta = delta / (delta.norm(dim=(-2, -1), keepdim=True) + 1.0)
     kernel = delta + layer.weight.repeat(B, 1, 1, 1)
     out = F.conv2d(x.reshape(1, B * C, H, W), kernel, layer.bias.repeat(B), padding=K // 2, groups=B * C)
