@@ -283,3 +283,19 @@ def test_dynamic_linear_start_keeps_the_earlier_blocks_mlp_static():
     with pytest.raises(ValueError, match="attention DiT has none"):
         WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
                         num_heads=4, dynamic_linear_start=2)
+
+
+def test_dwc_predictor_and_static_led_reach_the_dynamic_convs():
+    """As in the classifier: the dynamic convs take the predictor and start named; the static ones stay nn.Conv2d."""
+    from weightformer.layers import DynamicDWConv
+
+    model = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES, dynamic_period=1, dwc_predictor="offset_corr", dwc_static_led=True)
+    convs = [b.dwc for b in model.blocks]
+    assert all(isinstance(c, DynamicDWConv) and c.static_led and c.predictor_name == "offset_corr" for c in convs)
+    assert all(c.weight.flatten(1).norm(dim=-1).mean() > 0.3 for c in convs)  # nn.Conv2d's draws, not 0.02's
+    x, t, y = torch.randn(2, IN_CH, SIZE, SIZE), torch.tensor([10, 500]), torch.tensor([0, 3])
+    assert model(x, t, y).shape == (2, 2 * IN_CH, SIZE, SIZE)
+    with pytest.raises(ValueError, match="attention DiT has none"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
+                        num_heads=4, dwc_static_led=True)

@@ -163,6 +163,8 @@ def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tm
     assert "long_range" in models["long_range"][0]
     late = models["long_range_late"][1]  # ΔW in the later half of the blocks
     assert late["dynamic_linear_start"] == late["depth"] // 2 and late["dwc_dynamic_period"] == 3
+    led = models["long_range_static_led"][1]  # every conv dynamic, led by its static kernel
+    assert led["dwc_static_led"] is True and led["dwc_predictor"] == "offset_corr" and "dwc_dynamic_period" not in led
     assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
     if task == "gen":  # the DiT baseline is drawn as timm draws a ViT, as the DeiT baselines are
         assert models["attention"][1]["block_init"] == "vit"

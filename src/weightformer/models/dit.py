@@ -73,8 +73,10 @@ class WeightFormerDiTBlock(nn.Module):
     """The release's block: x = LN(x); x += g₁·DWC(mod(x)); x += g₂·MLP(mod(LN(x))); see the module docstring."""
 
     def __init__(self, hidden_size: int, mlp_ratio: float, grid: tuple[int, int], dynamic: bool,
-                 linear_predictor: str = "bilateral", dynamic_dwc: bool | None = None):
-        """``dynamic_dwc`` (None: ``dynamic``) chooses the conv apart from the MLP, as in the classifier's block."""
+                 linear_predictor: str = "bilateral", dynamic_dwc: bool | None = None, dwc_predictor: str = "adaptive",
+                 dwc_static_led: bool = False):
+        """``dynamic_dwc`` (None: ``dynamic``) chooses the conv apart from the MLP, as in the classifier's block;
+        ``dwc_predictor`` and ``dwc_static_led`` are :class:`DynamicDWConv`'s ``predictor`` and ``static_led``."""
         super().__init__()
         hidden = int(hidden_size * mlp_ratio)
         self.grid, self.dynamic = grid, dynamic
@@ -83,7 +85,7 @@ class WeightFormerDiTBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         dynamic_dwc = dynamic if dynamic_dwc is None else dynamic_dwc
         if dynamic_dwc:
-            self.dwc = DynamicDWConv(hidden_size, 3)
+            self.dwc = DynamicDWConv(hidden_size, 3, predictor=dwc_predictor, static_led=dwc_static_led)
         else:
             self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
         if dynamic:
@@ -193,23 +195,25 @@ class FinalLayer(nn.Module):
 class WeightFormerDiT(nn.Module):
     """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
     classifier, ``linear_predictor``, ``dynamic_period``, ``dwc_dynamic_period`` and ``dynamic_linear_start`` choose
-    the dynamic MLP predictor, the dynamic blocks, those of them whose conv is dynamic and the first whose MLP is;
+    the dynamic MLP predictor, the dynamic blocks, those of them whose conv is dynamic and the first whose MLP is,
+    ``dwc_predictor`` and ``dwc_static_led`` the dynamic convs' predictor and start;
     ``block_init`` how the blocks' mixer and MLP linear layers are drawn (:meth:`initialize_weights`)."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, mlp_ratio: float = 4.0, class_dropout_prob: float = 0.1, num_classes: int = 1000,
                  learn_sigma: bool = True, mixer: str = "weightformer", num_heads: int = 16,
                  guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3,
-                 block_init: str = "dit", dwc_dynamic_period: int | None = None, dynamic_linear_start: int = 0):
+                 block_init: str = "dit", dwc_dynamic_period: int | None = None, dynamic_linear_start: int = 0,
+                 dwc_predictor: str = "adaptive", dwc_static_led: bool = False):
         super().__init__()
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
         if guidance not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {guidance!r}")
-        if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period, dynamic_linear_start) != (
-                "bilateral", 3, None, 0):
-            raise ValueError("linear_predictor, dynamic_period, dwc_dynamic_period and dynamic_linear_start choose "
-                             "WeightFormer blocks; the attention DiT has none")
+        if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period, dynamic_linear_start,
+                                     dwc_predictor, dwc_static_led) != ("bilateral", 3, None, 0, "adaptive", False):
+            raise ValueError("linear_predictor, dynamic_period, dwc_dynamic_period, dynamic_linear_start, "
+                             "dwc_predictor and dwc_static_led choose WeightFormer blocks; the attention DiT has none")
         convs = dynamic_conv_blocks(dwc_dynamic_period, dynamic_period, depth)
         linears = dynamic_linear_blocks(dynamic_linear_start, dynamic_period, depth)
         if input_size % patch_size:
@@ -228,8 +232,8 @@ class WeightFormerDiT(nn.Module):
         pos = get_2d_sincos_pos_embed(hidden_size, side, base_size=side, output_type="pt")  # (N, D), DiT's layout
         self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
         if mixer == "weightformer":
-            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, linears[i], linear_predictor, convs[i])
-                      for i in range(depth)]
+            blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, linears[i], linear_predictor, convs[i],
+                                           dwc_predictor, dwc_static_led) for i in range(depth)]
         else:
             blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)
@@ -238,7 +242,8 @@ class WeightFormerDiT(nn.Module):
 
     def initialize_weights(self) -> None:
         """DiT's: Xavier-uniform linear layers and patch embedding, N(0, 0.02) label table and timestep MLP, zeroed
-        adaLN and output layers (adaLN-Zero); the dynamic layers keep the release's truncated normal.
+        adaLN and output layers (adaLN-Zero); the dynamic layers keep their own draws (the release's truncated normal;
+        nn.Conv2d's for a static-led conv).
         ``block_init="vit"`` draws the blocks' mixer and MLP linear layers (attention's qkv and proj, the MLP's
         two layers) from timm's ViT init instead, a truncated normal of std 0.02 as timm's DeiT: about 4x
         smaller than Xavier at width 64, so the first optimizer steps, not the draw, set the weights
