@@ -322,6 +322,8 @@ def test_dynamic_dwconv_rejects_bad_arguments():
         DynamicDWConv(8, predictor="nope")
     with pytest.raises(ValueError, match="expected 8 channels"):
         DynamicDWConv(8)(torch.randn(1, 4, 5, 5))
+    with pytest.raises(ValueError, match="dwc_static_led. must be True or False, got 'yes'"):
+        DynamicDWConv(8, static_led="yes")
 
 
 def test_gelu_linear_matches_autograd_exactly():

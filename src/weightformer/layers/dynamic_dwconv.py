@@ -162,6 +162,8 @@ class DynamicDWConv(DynamicWeightLayer):
                  device=None, dtype=None):
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be a positive odd number for 'same' padding, got {kernel_size}")
+        if not isinstance(static_led, bool):
+            raise ValueError(f"static_led (the model's dwc_static_led) must be True or False, got {static_led!r}")
         self.static_led = static_led  # read by reset_parameters, which the base's __init__ calls
         self.delta_scale = STATIC_LED_DELTA_SCALE if static_led else 1.0
         super().__init__("dynamic depthwise-conv", DWCONV_PREDICTORS, predictor, (dim, kernel_size),
