@@ -25,6 +25,7 @@ from weightformer.layers.long_range_predictors import (
     OffsetCorrelationKernelPredictor,
     ScorePoolKernelPredictor,
     ScorePoolPredictor,
+    StaticLedGatedPredictor,
 )
 
 
@@ -150,6 +151,24 @@ def test_one_adam_step_moves_the_gated_gain_by_a_factor_and_the_plain_one_by_a_h
         optimizer.step()
         change = abs(float(predictor.current_gain()) / before - 1)
         assert low < change < high, (cls.__name__, change)
+
+
+def test_static_led_gated_starts_at_a_tenth_of_the_gated_predictor_in_a_built_model():
+    """Same draws, s from ln(0.1)/30 instead of 0: ΔW a tenth of the gated predictor's, in the layer alone and in
+    every block of a built model (whose init resets each predictor's parameters after construction)."""
+    x = torch.randn(2, 6, 8, 32)
+    torch.manual_seed(0)
+    gated = GatedDoubleCenteredPredictor(32, 64)
+    torch.manual_seed(0)
+    led = StaticLedGatedPredictor(32, 64)
+    torch.testing.assert_close(led(x), 0.1 * gated(x), rtol=1e-5, atol=1e-8)
+    led.gain.data.fill_(0.5)
+    led.reset_parameters()
+    assert float(led.current_gain()) == pytest.approx(0.1 * led.start, rel=1e-5)
+    model = timm.create_model("weightformer_long_range_tiny", img_size=32, num_classes=3, depth=3,
+                              linear_predictor="double_centered_gated_led")
+    gains = [m.current_gain() / m.start for m in model.modules() if isinstance(m, StaticLedGatedPredictor)]
+    assert len(gains) == 3 and all(float(g) == pytest.approx(0.1, rel=1e-5) for g in gains)
 
 
 def test_gated_double_centered_scripts_and_matches_eager():
@@ -334,7 +353,9 @@ def test_new_names_are_in_the_registries_and_layers_build_with_them():
     assert LINEAR_PREDICTORS["double_centered"] is DoubleCenteredPredictor
     assert LINEAR_PREDICTORS["median_polished"] is MedianPolishedPredictor
     assert LINEAR_PREDICTORS["double_centered_gated"] is GatedDoubleCenteredPredictor
-    for name in ("score_pool", "centered", "double_centered", "double_centered_gated", "median_polished",
+    assert LINEAR_PREDICTORS["double_centered_gated_led"] is StaticLedGatedPredictor
+    for name in ("score_pool", "centered", "double_centered", "double_centered_gated", "double_centered_gated_led",
+                 "median_polished",
                  "bilateral_unit"):
         assert DynamicLinear(32, 128, predictor=name)(x).shape == (2, 5, 3, 128)
     for name in ("score_gap", "median_gap", "offset_corr"):

@@ -41,6 +41,8 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
     "long_range_offset_corr": ("weightformer_long_range_tiny", {"dwc_predictor": "offset_corr"}),
     "long_range_static_led": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated",
                                                                "dwc_predictor": "offset_corr", "dwc_static_led": True}),
+    "long_range_led": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated_led",
+                                                        "dwc_predictor": "offset_corr", "dwc_static_led": True}),
 }
 T_DEPTH = 17  # WeightFormer-T's, for the costs
 

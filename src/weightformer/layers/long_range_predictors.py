@@ -21,6 +21,9 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   relations quickly (large g₀) and costing nothing on local tasks (small g₀). On the log scale the same steps
   change g by orders of magnitude, so each task sets it: detection shrinks it, the probes keep it
   (docs/analysis.md, "No cost on local tasks").
+- ``double_centered_gated_led``: ``double_centered_gated`` started static-led, as a ``dwc_static_led`` conv: s
+  from ln(0.1)/κ, so g starts at g₀/10 and ΔW's columns about 0.03 long; the block starts as a static one, and
+  κ lets a task that needs ΔW grow it tenfold in about 80 Adam steps (docs/analysis.md §6).
 - ``median_polished``: as ``double_centered`` with medians for means (one pass of Tukey's median polish: each
   row's median removed, then each column's), core = Σ_t M_in,tᵀ M_out,t. Background inserted into the canvas
   moves a row or column mean (so under ``double_centered`` every background token's residual, and ΔW with
@@ -43,22 +46,25 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   average, z_c = Σ_t softmax_t(X·W_s + b_s)_{t,c} · X_{t,c}; ΔK_c = GELU(W₁z + b₁)_c · U_c.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from .dynamic_dwconv import AdaptiveKernelPredictor, GapKernelPredictor
+from .dynamic_dwconv import STATIC_LED_DELTA_SCALE, AdaptiveKernelPredictor, GapKernelPredictor
 from .dynamic_layer import register_predictor
 from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
 __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "GatedDoubleCenteredPredictor",
-           "MedianPolishedPredictor",
+           "MedianPolishedPredictor", "StaticLedGatedPredictor",
            "MedianGapKernelPredictor", "OffsetCorrelationKernelPredictor", "ScorePoolKernelPredictor",
            "ScorePoolPredictor", "double_center", "median_polish", "offset_correlation"]
 
 _INIT_STD = 0.02  # of the bases U_in, U_out (as the released predictors)
 _INIT_COLUMN_NORM = 0.3  # ΔW's column length at init
+_GATE_RATE = 30.0  # κ of the gated predictors' g = g₀·exp(κ·s)
 
 
 def _rms(t: Tensor, dims: list[int]) -> Tensor:
@@ -188,7 +194,7 @@ class GatedDoubleCenteredPredictor(DoubleCenteredPredictor):
 
     def __init__(self, in_features: int, out_features: int, reduction: int = 4, device=None, dtype=None):
         super().__init__(in_features, out_features, reduction, device=device, dtype=dtype)
-        self.rate = 30.0  # κ: Adam moves s by about lr per step, so g can change by orders of magnitude in a short run
+        self.rate = _GATE_RATE  # Adam moves s by about lr per step, so g can change by orders of magnitude in a short run
 
     def _reset_gain(self) -> None:
         with torch.no_grad():
@@ -197,6 +203,16 @@ class GatedDoubleCenteredPredictor(DoubleCenteredPredictor):
     def current_gain(self) -> Tensor:
         """g = g₀·exp(κ·s)."""
         return self.start * torch.exp(self.rate * self.gain)
+
+
+@register_predictor("linear", "double_centered_gated_led")
+class StaticLedGatedPredictor(GatedDoubleCenteredPredictor):
+    """``double_centered_gated`` with s starting at ln(:data:`STATIC_LED_DELTA_SCALE`)/κ: g starts at a tenth of g₀,
+    ΔW's columns about 0.03 long (see module docstring)."""
+
+    def _reset_gain(self) -> None:
+        with torch.no_grad():  # called by the base's __init__ before self.rate is set, so κ from the constant
+            self.gain.fill_(math.log(STATIC_LED_DELTA_SCALE) / _GATE_RATE)
 
 
 @register_predictor("linear", "median_polished")
