@@ -22,8 +22,9 @@ long. Notation of :mod:`.dynamic_linear`; σ = SiLU, unit(M) = M / (rms(M) + 1e-
   change g by orders of magnitude, so each task sets it: detection shrinks it, the probes keep it
   (docs/analysis.md, "No cost on local tasks").
 - ``double_centered_gated_led``: ``double_centered_gated`` started static-led, as a ``dwc_static_led`` conv: s
-  from ln(0.1)/κ, so g starts at g₀/10 and ΔW's columns about 0.03 long; the block starts as a static one, and
-  κ lets a task that needs ΔW grow it tenfold in about 80 Adam steps (docs/analysis.md §6).
+  from ln(0.1)/κ, so g starts at g₀/10 and ΔW's columns about 0.03 long (the static weight's: about 0.2): the
+  block starts close to a static one, and a task that needs ΔW can grow it tenfold in about 80 Adam steps at lr
+  1e-3 (docs/analysis.md §6).
 - ``median_polished``: as ``double_centered`` with medians for means (one pass of Tukey's median polish: each
   row's median removed, then each column's), core = Σ_t M_in,tᵀ M_out,t. Background inserted into the canvas
   moves a row or column mean (so under ``double_centered`` every background token's residual, and ΔW with
