@@ -153,7 +153,8 @@ def _layer_and_input(kind: str, predictor: str, std: float = 0.3) -> tuple:
     _randomise(layer, std=std)
     if predictor.startswith("double_centered_gated"):
         # Its gain is g₀·exp(30·s): a random s of std 0.1-0.3 makes g up to e^9 times g₀, and bf16's rounding of s
-        # 30 times larger in g. Trained s lies in [-0.05, 0.02] (docs/analysis.md §6).
+        # 30 times larger in g. Trained s lies in [-0.05, 0.02] for the gated predictor, [-0.14, 0.01] for the led
+        # one (docs/analysis.md §6).
         with torch.no_grad():
             layer.predictor.gain.fill_(-0.05)
     return layer, x
