@@ -13,7 +13,6 @@ does not draw the release's values first). The patches apply to ``AdaptiveKernel
 inherits, and to ``DynamicDWConv``, in this process only.
 """
 
-import math
 import os
 import sys
 
@@ -45,9 +44,7 @@ def predictor_forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) ->
 def layer_reset(self) -> None:
     _layer_reset(self)
     if INIT == "conv":
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        bound = 1 / math.sqrt(self.weight[0].numel())
-        nn.init.uniform_(self.bias, -bound, bound)
+        nn.Conv2d.reset_parameters(self)  # as DynamicDWConv(static_led=True) draws them
 
 
 if __name__ == "__main__":

@@ -14,9 +14,6 @@ of the input (:func:`per_sample_depthwise_conv_taps`) and size-following averagi
 (:func:`adaptive_avg_pool_matrices`), equal up to float rounding.
 """
 
-
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -176,9 +173,7 @@ class DynamicDWConv(DynamicWeightLayer):
         if not self.static_led:
             super().reset_parameters()
             return
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        bound = 1 / math.sqrt(self.weight[0].numel())  # fan_in = 1·K·K
-        nn.init.uniform_(self.bias, -bound, bound)
+        nn.Conv2d.reset_parameters(self)  # torch's own draws; they read only self.weight and self.bias
 
     def extra_repr(self) -> str:
         led = ", static_led=True" if self.static_led else ""
