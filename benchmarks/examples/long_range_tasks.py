@@ -26,7 +26,7 @@ a finished ``last.pt`` is not run again. Variants:
   dwc_predictor=offset_corr dwc_static_led=True``: every block's ΔW and conv dynamic, the conv led by a static
   kernel drawn as the static blocks' (docs/analysis.md §6);
 - ``long_range_led``: that with ``linear_predictor=double_centered_gated_led``: ΔW's gain started at a tenth as
-  well, so every block starts as a static one (docs/analysis.md §6);
+  well, so every block starts close to a static one (docs/analysis.md §6);
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels (``--head-channels``), the
   recipe's other model settings; both drawn with timm's ViT init (DiT's blocks with ``block_init=vit``).
 
