@@ -229,3 +229,39 @@ def test_looped_blocks_apply_the_block_stack_the_given_number_of_times(monkeypat
     looped_blocks.loop_blocks()
     with torch.no_grad():
         torch.testing.assert_close(model(x), expected)
+
+
+def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_gap(probe_checkpoint, tmp_path,
+                                                                                     monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+    import edge_margin
+
+    # outer gaps: blank columns outside the outermost ink, the larger side; counted by hand on a 10 px canvas
+    canvas = torch.zeros(2, 1, 10, 10)
+    canvas[0, 0, 4, 2], canvas[0, 0, 7, 8] = 1, 1  # gaps 2 (left) and 1 (right)
+    canvas[1, 0, 0, 0], canvas[1, 0, 9, 4] = 1, 1  # gaps 0 and 5
+    assert edge_margin.outer_gaps(canvas).tolist() == [2, 5]
+    padded = edge_margin.pad(canvas - 0.5, 3)  # the new canvas at the background value, the image in the middle
+    assert padded.shape == (2, 1, 16, 16) and torch.equal(padded[..., 3:13, 3:13], canvas - 0.5)
+    assert edge_margin.outer_gaps(padded).tolist() == [5, 8]
+    # the probe's band: a glyph's outer edge within size // 16 px of its side
+    for size in (64, 128):
+        images = torch.from_numpy(glyph_match(200, size=size, seed=1, scale=2)[0]).float()[:, None]
+        gaps = edge_margin.outer_gaps(images)
+        assert gaps.max() == size // 16 - 1
+
+    ckpt, out = str(probe_checkpoint / "probe" / "last.pt"), tmp_path / "margin.json"
+    assert edge_margin.main([ckpt, "--images", "16", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["checkpoints"][ckpt]
+    assert [k for k in row if k.startswith("margin")] == ["margin 0", "margin 8", "margin 16", "margin 32"]  # patch 8
+    drawn = [row[k] for k in row if k.startswith("drawn at 128")]
+    assert len(drawn) == 3 and drawn[0]["images"] == 16 == drawn[1]["images"] + drawn[2]["images"]
+    assert all(0 <= s["accuracy"] <= 100 for k, s in row.items() if k != "data")
+    capsys.readouterr()
+    assert main(["train", "--data", "glyph_match:size=64,background=noise,train=8,val=8", "--epochs", "1",
+                 "--max-steps", "1", "--batch-size", "8", "--model-kwargs", "patch_size=8", "embed_dim=16", "depth=2",
+                 "--output", str(tmp_path / "noisy")]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # a background leaves no blank columns to count
+        edge_margin.main([str(tmp_path / "noisy" / "last.pt")])
+    assert refused.value.code == 2 and "with no background and no distractors" in capsys.readouterr().err

@@ -41,9 +41,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image, ImageDraw
 
-__all__ = ["BACKGROUNDS", "COUNT_KINDS", "DISTRACTOR_BANK", "GLYPH_BANK", "HELD_OUT", "PATH_ENDS", "PROBES", "SUITE",
-           "check_canvas", "count_compare", "default_scale", "glyph_count", "glyph_match", "glyph_xor", "mirror_match",
-           "path_link", "scale_match", "stamp_glyph"]
+__all__ = ["BACKGROUNDS", "COUNT_KINDS", "DISTRACTOR_BANK", "GLYPH_BANK", "HELD_OUT", "PAIR_RELATIONS", "PATH_ENDS",
+           "PROBES", "SUITE", "check_canvas", "count_compare", "default_scale", "glyph_count", "glyph_match", "glyph_xor",
+           "mirror_match", "path_link", "scale_match", "stamp_glyph"]
 
 Scale = int | tuple[int, int] | None
 
@@ -97,6 +97,7 @@ def _margin(size: int) -> int:
 
 # The widths of a pair relation's two glyphs in cells of the largest scale (scale_match's larger one on either side).
 _PAIR_CELLS = {"glyph_match": (5, 5), "glyph_xor": (5, 5), "mirror_match": (5, 5), "scale_match": (5, 10)}
+PAIR_RELATIONS = tuple(_PAIR_CELLS)  # two glyphs, each with its outer edge in the band at its side edge
 
 
 def _between_slots(size: int, near: int, far: int, hi: int) -> int:

@@ -1,0 +1,111 @@
+"""Whether a pair-relation classifier trained at 64 px reads its glyphs relative to the canvas's side edges: the
+same held-out images with blank margin added on every side, and the probe redrawn at 128 px split by how far
+its glyphs lie from the side edges.
+
+    python benchmarks/examples/edge_margin.py RUN/seed0/last.pt RUN/seed1/last.pt --json OUT.json
+
+For each checkpoint (trained on a pair relation, e.g. ``scale_match:size=64,scale=2``, with no background or
+distractors) this prints accuracy and the AUC of the logit margin on:
+
+- ``margin D``: the probe's held-out 64 px images with D px of blank canvas on every side (a 64 + 2D px canvas).
+  The glyphs stay as far apart and as large as trained; only their distance to the canvas's edges grows. D is a
+  multiple of the patch size, so every glyph keeps its place in its patch;
+- ``drawn at 128, outer gap G``: the probe's held-out split redrawn at 128 px, grouped by the larger of the two
+  glyphs' outer gaps (blank columns between a glyph's outer edge and its side of the canvas). The probe puts each
+  glyph's outer edge within ``size // 16`` px of its side, so at 64 px the gap is 0-3 px and at 128 px 0-7 px.
+
+If accuracy falls as D grows while the glyphs' own distance is unchanged, and on the 128 px drawing the images
+whose gaps are as small as at 64 px keep the accuracy, the model's glyph code depends on where the glyph sits
+relative to the edge (which the zero padding of the patch embedding and the convs marks), not on how far the two
+glyphs are apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+
+from weightformer.atomic import write_atomic
+
+from path_link_cues import auc  # this folder's
+
+MARGINS = (0, 4, 8, 16, 32)  # px of blank canvas on every side; 32 makes a 128 px canvas
+LARGE = 128
+
+
+def score(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Accuracy (%), the AUC of the logit margin and the image count of ``model`` on normalised (N, 1, S, S)."""
+    with torch.no_grad():
+        logits = torch.cat([model(images[i:i + 250]) for i in range(0, len(images), 250)])  # (N, 2)
+    margin = (logits[:, 1] - logits[:, 0]).numpy()
+    return {"accuracy": 100 * float((logits.argmax(-1) == labels).float().mean()),
+            "auc": auc(margin, labels.numpy()), "images": len(labels)}
+
+
+def outer_gaps(images: torch.Tensor) -> np.ndarray:
+    """(N,) the larger of the blank columns left of the leftmost ink and right of the rightmost ink, (N, 1, S, S)
+    normalised images whose background is their minimum (no background option, no distractors)."""
+    ink = (images[:, 0] > images.min()).any(dim=1).numpy()  # (N, S) columns that hold ink
+    left = ink.argmax(axis=1)
+    right = ink[:, ::-1].argmax(axis=1)
+    return np.maximum(left, right)
+
+
+def pad(images: torch.Tensor, margin: int) -> torch.Tensor:
+    """(N, 1, S, S) -> (N, 1, S + 2 margin, S + 2 margin), the new canvas at the images' background value."""
+    return torch.nn.functional.pad(images, (margin,) * 4, value=float(images.min()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+", help="weightformer train checkpoints of a pair relation at 64 px")
+    parser.add_argument("--images", type=int, default=2000, help="held-out images per canvas")
+    parser.add_argument("--json", help="also write the numbers here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    from weightformer.analysis.transfer import checkpoint_probe, glyph_scale, load_probe_classifier, probe_at, probe_batch
+    from weightformer.data.builtin import probe_spec
+    from weightformer.data.probes import PAIR_RELATIONS
+
+    record: dict = {"images": args.images, "margins": list(MARGINS), "large": LARGE, "checkpoints": {}}
+    for path in args.checkpoints:
+        model, meta = load_probe_classifier(path)
+        data = checkpoint_probe(meta, path)
+        spec = probe_spec(data)
+        if (data.partition(":")[0] not in PAIR_RELATIONS or spec.options.get("background", "none") != "none"
+                or spec.options.get("distractors", 0)):
+            parser.error(f"{path} was trained on {data!r}; pass checkpoints of a pair relation "
+                         f"({', '.join(PAIR_RELATIONS)}) with no background and no distractors")
+        patch = int(meta.get("model_kwargs", {}).get("patch_size", 16))
+        small, labels = probe_batch(probe_at(f"{data},val={args.images}", spec.options["size"], glyph_scale(data)))
+        row = record["checkpoints"][path] = {"data": data}
+        for margin in MARGINS:
+            if margin % patch:
+                continue  # a margin off the patch grid would also move each glyph within its patch
+            row[f"margin {margin}"] = scored = score(model, pad(small, margin), labels)
+            print(f"{path} margin {margin} px ({small.shape[-1] + 2 * margin} px canvas): "
+                  f"{scored['accuracy']:.1f}%, AUC {scored['auc']:.3f}", flush=True)
+        large, large_labels = probe_batch(probe_at(f"{data},val={args.images}", LARGE, glyph_scale(data)))
+        gaps = outer_gaps(large)
+        small_band = int(outer_gaps(small).max())  # the widest gap at the trained size
+        for name, chosen in ((f"drawn at {LARGE}, all", np.ones_like(gaps, dtype=bool)),
+                             (f"drawn at {LARGE}, outer gap <= {small_band} px", gaps <= small_band),
+                             (f"drawn at {LARGE}, outer gap > {small_band} px", gaps > small_band)):
+            if not chosen.any():
+                continue  # no image with gaps that wide
+            index = torch.from_numpy(np.flatnonzero(chosen))
+            row[name] = scored = score(model, large[index], large_labels[index])
+            print(f"{path} {name}: {scored['accuracy']:.1f}%, AUC {scored['auc']:.3f} "
+                  f"({scored['images']} images)", flush=True)
+    if args.json:
+        write_atomic(args.json, json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
