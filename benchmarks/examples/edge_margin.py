@@ -16,8 +16,7 @@ distractors) this prints accuracy and the AUC of the logit margin on:
 
 If accuracy falls as D grows while the glyphs' own distance is unchanged, and on the 128 px drawing the images
 whose gaps are as small as at 64 px keep the accuracy, the model's glyph code depends on where the glyph sits
-relative to the edge (which the zero padding of the patch embedding and the convs marks), not on how far the two
-glyphs are apart.
+relative to the edge (which the convs' zero padding marks), not on how far the two glyphs are apart.
 """
 
 from __future__ import annotations
@@ -31,19 +30,10 @@ import torch
 
 from weightformer.atomic import write_atomic
 
-from path_link_cues import auc  # this folder's
+from path_link_extent import score  # this folder's: accuracy, the AUC of the logit margin
 
 MARGINS = (0, 4, 8, 16, 32)  # px of blank canvas on every side; 32 makes a 128 px canvas
 LARGE = 128
-
-
-def score(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Accuracy (%), the AUC of the logit margin and the image count of ``model`` on normalised (N, 1, S, S)."""
-    with torch.no_grad():
-        logits = torch.cat([model(images[i:i + 250]) for i in range(0, len(images), 250)])  # (N, 2)
-    margin = (logits[:, 1] - logits[:, 0]).numpy()
-    return {"accuracy": 100 * float((logits.argmax(-1) == labels).float().mean()),
-            "auc": auc(margin, labels.numpy()), "images": len(labels)}
 
 
 def outer_gaps(images: torch.Tensor) -> np.ndarray:
@@ -87,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         for margin in MARGINS:
             if margin % patch:
                 continue  # a margin off the patch grid would also move each glyph within its patch
-            row[f"margin {margin}"] = scored = score(model, pad(small, margin), labels)
+            row[f"margin {margin}"] = scored = {**score(model, pad(small, margin), labels), "images": len(labels)}
             print(f"{path} margin {margin} px ({small.shape[-1] + 2 * margin} px canvas): "
                   f"{scored['accuracy']:.1f}%, AUC {scored['auc']:.3f}", flush=True)
         large, large_labels = probe_batch(probe_at(f"{data},val={args.images}", LARGE, glyph_scale(data)))
@@ -99,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             if not chosen.any():
                 continue  # no image with gaps that wide
             index = torch.from_numpy(np.flatnonzero(chosen))
-            row[name] = scored = score(model, large[index], large_labels[index])
+            row[name] = scored = {**score(model, large[index], large_labels[index]), "images": len(index)}
             print(f"{path} {name}: {scored['accuracy']:.1f}%, AUC {scored['auc']:.3f} "
                   f"({scored['images']} images)", flush=True)
     if args.json:
