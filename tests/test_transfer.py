@@ -241,7 +241,7 @@ def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_
     canvas[0, 0, 4, 2], canvas[0, 0, 7, 8] = 1, 1  # gaps 2 (left) and 1 (right)
     canvas[1, 0, 0, 0], canvas[1, 0, 9, 4] = 1, 1  # gaps 0 and 5
     assert edge_margin.outer_gaps(canvas).tolist() == [2, 5]
-    padded = edge_margin.pad(canvas - 0.5, 3)  # the new canvas at the background value, the image in the middle
+    padded = insert_background(canvas - 0.5, 16, "around", -0.5)  # the script's margin of 3 px: the image centred
     assert padded.shape == (2, 1, 16, 16) and torch.equal(padded[..., 3:13, 3:13], canvas - 0.5)
     assert edge_margin.outer_gaps(padded).tolist() == [5, 8]
     # the probe's band: a glyph's outer edge within size // 16 px of its side

@@ -45,11 +45,6 @@ def outer_gaps(images: torch.Tensor) -> np.ndarray:
     return np.maximum(left, right)
 
 
-def pad(images: torch.Tensor, margin: int) -> torch.Tensor:
-    """(N, 1, S, S) -> (N, 1, S + 2 margin, S + 2 margin), the new canvas at the images' background value."""
-    return torch.nn.functional.pad(images, (margin,) * 4, value=float(images.min()))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="weightformer train checkpoints of a pair relation at 64 px")
@@ -58,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from weightformer.analysis.transfer import checkpoint_probe, glyph_scale, load_probe_classifier, probe_at, probe_batch
+    from weightformer.analysis.transfer import (checkpoint_probe, glyph_scale, insert_background, load_probe_classifier,
+                                                probe_at, probe_batch)
     from weightformer.data.builtin import probe_spec
     from weightformer.data.probes import PAIR_RELATIONS
 
@@ -74,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         patch = int(meta.get("model_kwargs", {}).get("patch_size", 16))
         small, labels = probe_batch(probe_at(f"{data},val={args.images}", spec.options["size"], glyph_scale(data)))
         row = record["checkpoints"][path] = {"data": data}
+        side, blank = small.shape[-1], float(small.min())  # the trained canvas; its background pixel, normalised
         for margin in MARGINS:
             if margin % patch:
                 continue  # a margin off the patch grid would also move each glyph within its patch
-            row[f"margin {margin}"] = scored = {**score(model, pad(small, margin), labels), "images": len(labels)}
-            print(f"{path} margin {margin} px ({small.shape[-1] + 2 * margin} px canvas): "
+            padded = insert_background(small, side + 2 * margin, "around", blank)  # (N, 1, side + 2 margin, ...)
+            row[f"margin {margin}"] = scored = {**score(model, padded, labels), "images": len(labels)}
+            print(f"{path} margin {margin} px ({side + 2 * margin} px canvas): "
                   f"{scored['accuracy']:.1f}%, AUC {scored['auc']:.3f}", flush=True)
         large, large_labels = probe_batch(probe_at(f"{data},val={args.images}", LARGE, glyph_scale(data)))
         gaps = outer_gaps(large)
