@@ -48,11 +48,11 @@ def test_taps_equal_one_conv_per_sample(kernel_size, size):
     torch.testing.assert_close(per_sample_depthwise_conv_taps(x, kernel, bias), expected)
 
 
-@pytest.mark.parametrize("static_led", [False, True])
+@pytest.mark.parametrize("static_led, padding", [(False, "zeros"), (True, "zeros"), (True, "background")])
 @pytest.mark.parametrize("predictor", sorted(DWCONV_PREDICTORS))
-def test_dwconv_traced_form_equals_eager(predictor, static_led):
+def test_dwconv_traced_form_equals_eager(predictor, static_led, padding):
     torch.manual_seed(0)
-    layer = DynamicDWConv(8, 3, predictor=predictor, static_led=static_led).double()
+    layer = DynamicDWConv(8, 3, predictor=predictor, static_led=static_led, padding=padding).double()
     x = torch.randn(2, 11, 6, 8, dtype=torch.float64).permute(0, 3, 1, 2)
     with tracing(False):
         eager = layer(x)

@@ -14,6 +14,7 @@ from weightformer.layers import (
     attention_as_mlp,
     pool_2x2,
 )
+from weightformer.layers.dynamic_dwconv import BackgroundPaddedConv2d
 from layer_formulas import dwconv_layer, dwconv_update, linear_layer, linear_update
 
 
@@ -302,6 +303,64 @@ def test_static_led_dwconv_scripts_as_eager():
         torch.testing.assert_close(torch.jit.script(layer)(x), layer(x))
 
 
+def _median_bordered_conv(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A depthwise conv per sample and channel over the grid drawn on a canvas filled with that channel's lower
+    median (sorted values, index (n - 1) // 2); x (B, C, H, W), kernel (B, C, K, K), bias (C,)."""
+    B, C, H, W = x.shape
+    p = kernel.shape[-1] // 2
+    out = torch.empty_like(x)
+    for b in range(B):
+        for c in range(C):
+            values = x[b, c].flatten().sort().values
+            canvas = torch.full((H + 2 * p, W + 2 * p), values[(values.numel() - 1) // 2].item(), dtype=x.dtype)
+            canvas[p:p + H, p:p + W] = x[b, c]
+            out[b, c] = F.conv2d(canvas[None, None], kernel[b, c][None, None])[0, 0] + bias[c]
+    return out
+
+
+@pytest.mark.parametrize("size", [(6, 7), (5, 5), (1, 4)])
+@pytest.mark.parametrize("implementation", ["fast", "reference"])
+def test_background_padded_dwconv_is_a_conv_on_a_median_filled_canvas(size, implementation):
+    """dwc_padding="background": each channel's grid drawn on a canvas of its median, then an unpadded conv."""
+    torch.manual_seed(0)
+    layer = DynamicDWConv(6, 3, predictor="offset_corr", static_led=True, padding="background").double()
+    layer.use_reference = implementation == "reference"
+    x = torch.randn(2, *size, 6, dtype=torch.float64).permute(0, 3, 1, 2)  # channels-last, as in the blocks
+    with torch.no_grad():
+        kernel = layer.predicted_delta(x) + layer.weight[:, 0]  # (B, C, K, K)
+        torch.testing.assert_close(layer(x), _median_bordered_conv(x, kernel, layer.bias))
+    assert "padding=background" in repr(layer) and "padding" not in repr(DynamicDWConv(6, 3))
+
+
+def test_background_padded_static_conv_is_a_conv_on_a_median_filled_canvas():
+    torch.manual_seed(0)
+    conv = BackgroundPaddedConv2d(5, 3).double()
+    x = torch.randn(3, 5, 4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), _median_bordered_conv(x, conv.weight[:, 0].expand(3, -1, -1, -1),
+                                                                  conv.bias))
+    assert [k for k, _ in conv.named_parameters()] == ["weight", "bias"]  # the static blocks' checkpoint keys
+
+
+def test_background_padding_keeps_a_blank_canvas_blank_to_its_edge():
+    """A uniform grid stays uniform, edge tokens included; with zero padding the edge tokens differ."""
+    torch.manual_seed(0)
+    fill = torch.randn(2, 8, 1, 1).expand(2, 8, 6, 6)
+    for padding, uniform in (("background", True), ("zeros", False)):
+        layer = DynamicDWConv(8, 3, predictor="offset_corr", static_led=True, padding=padding)
+        with torch.no_grad():
+            out = layer(fill)
+        assert torch.allclose(out, out[:, :, 2:3, 2:3].expand_as(out), atol=1e-6) is uniform
+
+
+def test_background_padded_dwconv_scripts_as_eager():
+    torch.manual_seed(0)
+    layer = DynamicDWConv(8, 3, static_led=True, padding="background").double()
+    x = torch.randn(2, 8, 6, 7, dtype=torch.double)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(layer)(x), layer(x))
+
+
 def test_dynamic_dwconv_is_per_sample():
     layer = DynamicDWConv(8)
     _randomise(layer)
@@ -319,6 +378,8 @@ def test_dynamic_dwconv_rejects_bad_arguments():
         DynamicDWConv(8)(torch.randn(1, 4, 5, 5))
     with pytest.raises(ValueError, match="dwc_static_led. must be True or False, got 'yes'"):
         DynamicDWConv(8, static_led="yes")
+    with pytest.raises(ValueError, match="dwc_padding must be one of zeros, background, got 'reflect'"):
+        DynamicDWConv(8, padding="reflect")
 
 
 def test_gelu_linear_matches_autograd_exactly():

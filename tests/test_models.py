@@ -9,6 +9,7 @@ from torch import nn
 
 import weightformer  # noqa: F401  (registers the models)
 from weightformer.layers import DynamicDWConv, DynamicLinear
+from weightformer.layers.dynamic_dwconv import BackgroundPaddedConv2d
 from weightformer.models import WeightFormer, is_dynamic_block
 
 SMALL = dict(embed_dim=32, depth=4, num_classes=7)
@@ -95,6 +96,37 @@ def test_dwc_static_led_reaches_every_dynamic_conv_and_only_those():
     assert len(dynamic) == 2 and all(conv.static_led and conv.delta_scale == 0.1 for conv in dynamic)
     released = WeightFormer(embed_dim=32, depth=5, device="meta")
     assert not any(b.dwc.static_led for b in released.blocks if isinstance(b.dwc, DynamicDWConv))
+
+
+def test_dwc_padding_reaches_every_depthwise_conv_and_keeps_the_checkpoint_keys():
+    model = WeightFormer(embed_dim=32, depth=5, dwc_padding="background", device="meta")
+    assert all(b.dwc.padding == "background" if isinstance(b.dwc, DynamicDWConv)
+               else type(b.dwc) is BackgroundPaddedConv2d for b in model.blocks)
+    released = WeightFormer(embed_dim=32, depth=5, device="meta")
+    assert all(type(b.dwc) is torch.nn.Conv2d for b in released.blocks if not isinstance(b.dwc, DynamicDWConv))
+    assert list(model.state_dict()) == list(released.state_dict())
+    with pytest.raises(ValueError, match="dwc_padding must be one of zeros, background, got 'same'"):
+        WeightFormer(embed_dim=32, depth=5, dwc_padding="same", device="meta")
+
+
+def test_background_padding_hides_the_canvas_edge_from_the_first_block():
+    """A drawing in the edge token column, and the same drawing two tokens in (one cell of the 2×2-pooled grid):
+    under background padding the first block computes the same features at the drawing; under zero padding not."""
+    image = torch.zeros(1, 3, 64, 64)
+    glyph = torch.rand(3, 8, 6, generator=torch.Generator().manual_seed(0))
+    at_edge, inside = image.clone(), image.clone()
+    at_edge[0, :, 20:28, 0:6], inside[0, :, 20:28, 8:14] = glyph, glyph
+    for padding, same in (("background", True), ("zeros", False)):
+        torch.manual_seed(0)
+        model = timm.create_model("weightformer_long_range_tiny", patch_size=4, embed_dim=32, depth=2, num_classes=2,
+                                  linear_predictor="double_centered_gated_led", dwc_predictor="offset_corr",
+                                  dwc_static_led=True, dwc_padding=padding).eval()
+        with torch.no_grad():
+            a, b = (model.forward_intermediates(x, indices=[0], intermediates_only=True)[0] for x in (at_edge, inside))
+        # (1, C, 16, 16): the drawing's token columns 0-1 at the edge, 2-3 inside, and one column of halo each side.
+        # Every token differs by ~2e-4 under either padding (ΔW, summed over the grid, misses the edge drawing's
+        # halo column beyond the edge; float64 alike); the zero padding's edge tokens by ~1.
+        assert torch.allclose(a[..., 0:3], b[..., 2:5], atol=1e-3) is same
 
 
 @pytest.mark.parametrize("period, start, linears", [(1, 2, [2, 3, 4]), (1, 0, [0, 1, 2, 3, 4]), (3, 2, [4]),

@@ -43,6 +43,9 @@ DESIGNS: dict[str, tuple[str, dict[str, Any]]] = {
                                                                "dwc_predictor": "offset_corr", "dwc_static_led": True}),
     "long_range_led": ("weightformer_long_range_tiny", {"linear_predictor": "double_centered_gated_led",
                                                         "dwc_predictor": "offset_corr", "dwc_static_led": True}),
+    "long_range_led_background": ("weightformer_long_range_tiny", {
+        "linear_predictor": "double_centered_gated_led", "dwc_predictor": "offset_corr", "dwc_static_led": True,
+        "dwc_padding": "background"}),
 }
 T_DEPTH = 17  # WeightFormer-T's, for the costs
 

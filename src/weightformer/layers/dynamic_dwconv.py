@@ -8,6 +8,10 @@ and adds the static kernel. With P_K(X) the adaptive average pool of X to K×K a
 - ``amp_dir``: ΔK_c = a_c · D_c / ‖D_c‖, D the ``adaptive`` output, a = W_a·GELU(W₁ḡ + b₁) + b_a.
 - ``conv``: ``adaptive`` with W₁ a 3×3 depthwise conv (zero padding) followed by a 1×1 conv.
 
+``padding="background"`` (not the release's; :class:`DynamicDWConv` and :class:`BackgroundPaddedConv2d`) pads with
+each sample's blank-canvas feature m (per channel, the median over the grid, :func:`background_value`) in place
+of zeros, so that the grid's edge looks like more canvas: W ∗ pad_m(X) = W ∗ pad_0(X − m) + m·ΣW.
+
 Eager mode runs one grouped conv with B·C groups and ``F.adaptive_avg_pool2d``, which do not trace with symbolic
 sizes; under ``torch.compile``/``torch.export`` the same arithmetic runs as K² shifted, per-sample-scaled copies
 of the input (:func:`per_sample_depthwise_conv_taps`) and size-following averaging matrices
@@ -21,9 +25,38 @@ from timm.layers import trunc_normal_
 
 from .dynamic_layer import DWCONV_PREDICTORS, DynamicWeightLayer, register_predictor
 
-__all__ = ["DWCONV_PREDICTORS", "adaptive_avg_pool", "adaptive_avg_pool_matrices", "per_sample_depthwise_conv_taps",
+__all__ = ["DWCONV_PREDICTORS", "DWC_PADDINGS", "background_value", "BackgroundPaddedConv2d", "adaptive_avg_pool", "adaptive_avg_pool_matrices", "per_sample_depthwise_conv_taps",
            "DynamicDWConv", "AdaptiveKernelPredictor", "GapKernelPredictor", "AmplitudeDirectionKernelPredictor",
            "ConvKernelPredictor"]
+
+
+DWC_PADDINGS = ("zeros", "background")  # what a depthwise conv reads past the grid's edge (module docstring)
+
+
+def background_value(x: Tensor) -> Tensor:
+    """The blank canvas's feature m: per sample and channel, the median over the grid (the lower of the two middle
+    values when H·W is even); the canvas's own wherever background is most of the grid. (B, C, H, W) -> (B, C, 1, 1).
+    ``kthvalue``, not ``median``: torch 2.14's ``median`` over a dimension of stride 0 (an ``expand``ed grid)
+    returns uninitialised memory; ``kthvalue`` gives the same lower median on every layout."""
+    n = x.shape[-2] * x.shape[-1]
+    return x.flatten(2).kthvalue((n + 1) // 2, dim=2).values[:, :, None, None]
+
+
+def check_dwc_padding(padding: str) -> None:
+    if padding not in DWC_PADDINGS:
+        raise ValueError(f"dwc_padding must be one of {', '.join(DWC_PADDINGS)}, got {padding!r}")
+
+
+class BackgroundPaddedConv2d(nn.Conv2d):
+    """A depthwise ``nn.Conv2d`` ("same" size) padded with :func:`background_value` in place of zeros: the static
+    blocks' conv under ``dwc_padding="background"``. The same parameters, so the same checkpoint keys."""
+
+    def __init__(self, dim: int, kernel_size: int, device=None, dtype=None):
+        super().__init__(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
+        m = background_value(x)  # (B, C, 1, 1)
+        return super().forward(x - m) + m * self.weight.sum(dim=(1, 2, 3)).to(x.dtype)[None, :, None, None]
 
 
 def adaptive_avg_pool_matrices(x: Tensor, size: int) -> Tensor:
@@ -153,10 +186,12 @@ class DynamicDWConv(DynamicWeightLayer):
     ``static_led=True`` (not the release's): K and b drawn as ``nn.Conv2d``'s, as the static blocks' conv (K about
     0.58 long per channel at 3×3, against the release's 0.06), and s = :data:`STATIC_LED_DELTA_SCALE`, so the
     conv starts as a static block's with a per-sample correction about 0.05 long (the release's: 0.3, five times
-    K); the correction can still grow to length 1 as the predictor learns (docs/analysis.md §6)."""
+    K); the correction can still grow to length 1 as the predictor learns (docs/analysis.md §6).
+    ``padding="background"`` (not the release's) pads with :func:`background_value` in place of zeros."""
 
     def __init__(self, dim: int, kernel_size: int = 3, predictor: str = "adaptive", static_led: bool = False,
-                 device=None, dtype=None):
+                 padding: str = "zeros", device=None, dtype=None):
+        check_dwc_padding(padding)
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be a positive odd number for 'same' padding, got {kernel_size}")
         if not isinstance(static_led, bool):
@@ -165,7 +200,7 @@ class DynamicDWConv(DynamicWeightLayer):
         self.delta_scale = STATIC_LED_DELTA_SCALE if static_led else 1.0
         super().__init__("dynamic depthwise-conv", DWCONV_PREDICTORS, predictor, (dim, kernel_size),
                          weight_shape=(dim, 1, kernel_size, kernel_size), bias_size=dim, device=device, dtype=dtype)
-        self.dim, self.kernel_size = dim, kernel_size
+        self.dim, self.kernel_size, self.padding = dim, kernel_size, padding
 
     def reset_parameters(self) -> None:
         """The release's draws, or with ``static_led`` those of ``nn.Conv2d.reset_parameters`` (kaiming uniform with
@@ -177,7 +212,8 @@ class DynamicDWConv(DynamicWeightLayer):
 
     def extra_repr(self) -> str:
         led = ", static_led=True" if self.static_led else ""
-        return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}{led}"
+        padding = f", padding={self.padding}" if self.padding != "zeros" else ""
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, predictor={self.predictor_name}{led}{padding}"
 
     def predicted_delta(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, K, K)
         """ΔK̂ = s·ΔK / (‖s·ΔK‖₂ + 1) per sample and channel."""
@@ -187,12 +223,19 @@ class DynamicDWConv(DynamicWeightLayer):
         return delta / (torch.linalg.vector_norm(delta, dim=(2, 3), keepdim=True) + 1.0)
 
     def forward_fast(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
-        B, C, H, W = x.shape
-        K = self.kernel_size
+        C, K = x.shape[1], self.kernel_size
         if C != self.dim:
             raise ValueError(f"DynamicDWConv expected {self.dim} channels, got {C}")
         delta = self.predicted_delta(x)  # (B, C, K, K)
         kernel = (delta + self.weight.view(1, C, K, K)).to(x.dtype)  # (B, C, K, K), no repeat of the static kernel
+        if self.padding == "background":  # K ∗ pad_m(X) = K ∗ pad_0(X − m) + m·ΣK (module docstring)
+            m = background_value(x)  # (B, C, 1, 1)
+            return self._zero_padded(x - m, kernel) + m * kernel.sum(dim=(2, 3))[:, :, None, None]
+        return self._zero_padded(x, kernel)
+
+    def _zero_padded(self, x: Tensor, kernel: Tensor) -> Tensor:  # (B, C, H, W), (B, C, K, K) -> (B, C, H, W)
+        B, C, H, W = x.shape
+        K = self.kernel_size
         if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips only a bare is_scripting() test)
             if torch.compiler.is_compiling():  # sizes stay symbolic: no B·C group count (module docstring)
                 return per_sample_depthwise_conv_taps(x, kernel, self.bias)
@@ -214,5 +257,9 @@ def dynamic_dwconv_reference(layer: DynamicDWConv, x: Tensor) -> Tensor:
     delta = layer.predictor(x).reshape(B * C, 1, K, K) * layer.delta_scale
     delta = delta / (delta.norm(dim=(-2, -1), keepdim=True) + 1.0)
     kernel = delta + layer.weight.repeat(B, 1, 1, 1)
-    out = F.conv2d(x.reshape(1, B * C, H, W), kernel, layer.bias.repeat(B), padding=K // 2, groups=B * C)
+    pad = K // 2
+    if layer.padding == "background":  # the border filled with each channel's median, then a conv that pads nothing
+        fill = background_value(x)  # (B, C, 1, 1)
+        x, pad = F.pad(x - fill, (pad,) * 4) + fill, 0  # (B, C, H+K-1, W+K-1)
+    out = F.conv2d(x.reshape(1, B * C, *x.shape[-2:]), kernel, layer.bias.repeat(B), padding=pad, groups=B * C)
     return out.reshape(B, C, H, W)

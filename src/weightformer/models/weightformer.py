@@ -26,6 +26,7 @@ from timm.models.vision_transformer import global_pool_nlc, init_weights_vit_tim
 
 from ..checkpoint import release_pickle_globals, strip_wrapper_prefixes
 from ..layers import DynamicDWConv, DynamicLinear
+from ..layers.dynamic_dwconv import BackgroundPaddedConv2d, check_dwc_padding
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
@@ -218,7 +219,7 @@ class Block(nn.Module):
                  dwc_predictor: str = "adaptive", predictor_reduction: int = 4,
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
                  dynamic_dwc: Optional[bool] = None, dynamic_linear: Optional[bool] = None,
-                 dwc_static_led: bool = False, device=None, dtype=None):
+                 dwc_static_led: bool = False, dwc_padding: str = "zeros", device=None, dtype=None):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         hidden = int(dim * mlp_ratio)
@@ -227,7 +228,10 @@ class Block(nn.Module):
         dynamic_dwc = dynamic if dynamic_dwc is None else dynamic_dwc
         dynamic_linear = dynamic if dynamic_linear is None else dynamic_linear
         if dynamic_dwc:
-            self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, static_led=dwc_static_led, **dd)
+            self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, static_led=dwc_static_led,
+                                     padding=dwc_padding, **dd)
+        elif dwc_padding == "background":
+            self.dwc = BackgroundPaddedConv2d(dim, dwc_kernel_size, **dd)
         else:
             self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
         if dynamic_linear:
@@ -303,16 +307,19 @@ class WeightFormer(LinearClassifier, nn.Module):
                  norm_layer: Optional[Callable[..., nn.Module]] = None,
                  act_layer: Optional[Callable[..., nn.Module]] = None, dynamic_img_size: bool = True,
                  dynamic_img_pad: bool = False, dwc_dynamic_period: Optional[int] = None, dynamic_linear_start: int = 0,
-                 dwc_static_led: bool = False, device=None, dtype=None):
+                 dwc_static_led: bool = False, dwc_padding: str = "zeros", device=None, dtype=None):
         """``global_pool``: one of :data:`GLOBAL_POOLS`. ``dynamic_img_size`` must be True (no position embedding);
         ``dynamic_img_pad=True`` zero-pads the image to whole patches instead of dropping the pixels past the
         last whole patch, as the release does. ``dynamic_period`` chooses the dynamic blocks; ``dwc_dynamic_period``
         chooses, in the same way, those whose depthwise conv is dynamic (None: the dynamic blocks, as the release;
         it may name only dynamic blocks); the dynamic blocks before ``dynamic_linear_start`` keep a static fc1, so
         that ΔW is predicted only in the later blocks; ``dwc_static_led=True`` makes every dynamic conv start as
-        the static blocks' conv with a small per-sample correction (:class:`DynamicDWConv`; docs/analysis.md §6)."""
+        the static blocks' conv with a small per-sample correction (:class:`DynamicDWConv`; docs/analysis.md §6);
+        ``dwc_padding="background"`` pads every depthwise conv with the blank canvas's feature in place of zeros
+        (layers/dynamic_dwconv.py), so that nothing in the model marks the canvas's edge."""
         super().__init__()
         check_global_pool(global_pool)
+        check_dwc_padding(dwc_padding)
         if dynamic_img_size is not True:
             raise ValueError("dynamic_img_size must be True: WeightFormer has no position embedding, so it "
                              "always runs at any image size and has no fixed-size mode")
@@ -349,7 +356,8 @@ class WeightFormer(LinearClassifier, nn.Module):
                       proj_drop=proj_drop_rate, drop_path=drop_path_rates[i], dwc_kernel_size=dwc_kernel_size,
                       linear_predictor=linear_predictor, dwc_predictor=dwc_predictor,
                       predictor_reduction=predictor_reduction, norm_layer=norm_layer, act_layer=act_layer,
-                      dynamic_dwc=convs[i], dynamic_linear=linears[i], dwc_static_led=dwc_static_led, **dd)
+                      dynamic_dwc=convs[i], dynamic_linear=linears[i], dwc_static_led=dwc_static_led,
+                      dwc_padding=dwc_padding, **dd)
                 for i in range(depth)])
             self.norm = norm_layer(embed_dim, **dd)
             self.head_drop = nn.Dropout(drop_rate)
