@@ -271,3 +271,16 @@ def test_the_fixed_size_hint_exports_a_program_that_takes_other_sizes(tmp_path):
                         "--model-kwargs", "dynamic_img_size=true", "dynamic_img_pad=true"]) == 0
     program = torch.export.load(str(tmp_path / "m.pt2")).module()
     assert program(torch.randn(2, 3, 80, 72)).shape == (2, 3)
+
+
+def test_the_led_form_with_background_padding_exports_to_onnx(tmp_path):
+    """Medians as sorts (layers.dynamic_layer.lower_median: median polish and the padding's fill): onnxruntime
+    matches PyTorch at another batch and size. docs/analysis.md §6's led form, convs padded with the canvas."""
+    from weightformer.export import onnx as export_onnx
+
+    torch.manual_seed(0)
+    model = timm.create_model("weightformer_long_range_tiny", patch_size=4, embed_dim=16, depth=1, num_classes=3,
+                              linear_predictor="double_centered_gated_led", dwc_predictor="offset_corr",
+                              dwc_static_led=True, dwc_padding="background")
+    diffs = export_onnx.to_onnx(model, tmp_path / "m.onnx", 3, 32, check_at=[(2, 48, 40)])
+    assert len(diffs) == 1 and max(diffs.values()) < 1e-4

@@ -353,6 +353,16 @@ def test_background_padding_keeps_a_blank_canvas_blank_to_its_edge():
         assert torch.allclose(out, out[:, :, 2:3, 2:3].expand_as(out), atol=1e-6) is uniform
 
 
+@pytest.mark.parametrize("n", [1, 6, 7])
+def test_lower_median_is_torch_median_and_reads_an_expanded_tensor(n):
+    from weightformer.layers.dynamic_layer import lower_median
+
+    x = torch.randn(3, n, 4)
+    torch.testing.assert_close(lower_median(x, 1), x.median(dim=1, keepdim=True).values, rtol=0, atol=0)
+    column = torch.randn(3, 1, 4)
+    torch.testing.assert_close(lower_median(column.expand(3, n, 4), 1), column, rtol=0, atol=0)  # stride 0
+
+
 def test_background_padded_dwconv_scripts_as_eager():
     torch.manual_seed(0)
     layer = DynamicDWConv(8, 3, static_led=True, padding="background").double()

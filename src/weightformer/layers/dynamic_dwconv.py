@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
-from .dynamic_layer import DWCONV_PREDICTORS, DynamicWeightLayer, register_predictor
+from .dynamic_layer import DWCONV_PREDICTORS, DynamicWeightLayer, lower_median, register_predictor
 
 __all__ = ["DWCONV_PREDICTORS", "DWC_PADDINGS", "background_value", "BackgroundPaddedConv2d", "adaptive_avg_pool", "adaptive_avg_pool_matrices", "per_sample_depthwise_conv_taps",
            "DynamicDWConv", "AdaptiveKernelPredictor", "GapKernelPredictor", "AmplitudeDirectionKernelPredictor",
@@ -35,11 +35,8 @@ DWC_PADDINGS = ("zeros", "background")  # what a depthwise conv reads past the g
 
 def background_value(x: Tensor) -> Tensor:
     """The blank canvas's feature m: per sample and channel, the median over the grid (the lower of the two middle
-    values when H·W is even); the canvas's own wherever background is most of the grid. (B, C, H, W) -> (B, C, 1, 1).
-    ``kthvalue``, not ``median``: torch 2.14's ``median`` over a dimension of stride 0 (an ``expand``ed grid)
-    returns uninitialised memory; ``kthvalue`` gives the same lower median on every layout."""
-    n = x.shape[-2] * x.shape[-1]
-    return x.flatten(2).kthvalue((n + 1) // 2, dim=2).values[:, :, None, None]
+    values when H·W is even); the canvas's own wherever background is most of the grid. (B, C, H, W) -> (B, C, 1, 1)."""
+    return lower_median(x.flatten(2), dim=2)[..., None]
 
 
 def check_dwc_padding(padding: str) -> None:

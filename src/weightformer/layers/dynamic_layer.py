@@ -8,11 +8,19 @@ import torch
 from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
-__all__ = ["DWCONV_PREDICTORS", "LINEAR_PREDICTORS", "DynamicWeightLayer", "register_predictor"]
+__all__ = ["DWCONV_PREDICTORS", "LINEAR_PREDICTORS", "DynamicWeightLayer", "lower_median", "register_predictor"]
 
 LINEAR_PREDICTORS: Dict[str, type] = {}  # name -> ΔW predictor class of DynamicLinear
 DWCONV_PREDICTORS: Dict[str, type] = {}  # name -> ΔK predictor class of DynamicDWConv
 _REGISTRIES = {"linear": LINEAR_PREDICTORS, "dwconv": DWCONV_PREDICTORS}
+
+
+def lower_median(x: Tensor, dim: int) -> Tensor:
+    """``x.median(dim, keepdim=True).values`` (the lower of the two middle values of an even count; the gradient to
+    that element) as a sort: torch 2.14's ``median`` over a dimension of stride 0 (an ``expand``ed tensor) returns
+    uninitialised memory, and neither ``median`` nor ``kthvalue`` converts to ONNX; ``sort`` does both right."""
+    n = x.shape[dim]
+    return x.sort(dim=dim).values.select(dim, (n - 1) // 2).unsqueeze(dim)  # narrow() fails torch.export's shapes
 
 
 def register_predictor(kind: str, name: str) -> Callable[[type], type]:

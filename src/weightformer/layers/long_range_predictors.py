@@ -55,7 +55,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from .dynamic_dwconv import STATIC_LED_DELTA_SCALE, AdaptiveKernelPredictor, GapKernelPredictor
-from .dynamic_layer import register_predictor
+from .dynamic_layer import lower_median, register_predictor
 from .dynamic_linear import _LowRankPredictor, pool_2x2, pool_2x2_window, reset_linear
 
 __all__ = ["BilateralUnitPredictor", "CenteredPredictor", "DoubleCenteredPredictor", "GatedDoubleCenteredPredictor",
@@ -162,12 +162,12 @@ def double_center(p: Tensor, rows: int, cols: int) -> Tensor:
 
 def median_polish(p: Tensor, rows: int, cols: int) -> Tensor:
     """Tokens (B, N', D) of a rows×cols grid (row-major) minus their row median, then minus the column median of
-    what is left: one pass of Tukey's median polish. ``torch.median`` takes the lower middle value of an even
-    count, and its gradient goes to that element."""
+    what is left: one pass of Tukey's median polish, with the lower middle value of an even count (:func:`lower_median`;
+    its gradient goes to that element)."""
     B, _, D = p.shape
     grid = p.view(B, rows, cols, D)
-    grid = grid - grid.median(dim=2, keepdim=True).values
-    grid = grid - grid.median(dim=1, keepdim=True).values
+    grid = grid - lower_median(grid, dim=2)
+    grid = grid - lower_median(grid, dim=1)
     return grid.reshape(B, rows * cols, D)
 
 
