@@ -299,3 +299,20 @@ def test_dwc_predictor_and_static_led_reach_the_dynamic_convs():
     with pytest.raises(ValueError, match="attention DiT has none"):
         WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
                         num_heads=4, dwc_static_led=True)
+
+
+def test_dwc_padding_reaches_every_conv_of_the_denoiser():
+    from weightformer.layers import DynamicDWConv
+    from weightformer.layers.dynamic_dwconv import BackgroundPaddedConv2d
+
+    model = WeightFormerDiT(input_size=SIZE, patch_size=PATCH, in_channels=IN_CH, hidden_size=HIDDEN, depth=DEPTH,
+                            num_classes=CLASSES, dwc_padding="background")
+    assert all(b.dwc.padding == "background" if isinstance(b.dwc, DynamicDWConv)
+               else type(b.dwc) is BackgroundPaddedConv2d for b in model.blocks)
+    x, t, y = torch.randn(2, IN_CH, SIZE, SIZE), torch.tensor([10, 500]), torch.tensor([0, 3])
+    assert model(x, t, y).shape == (2, 2 * IN_CH, SIZE, SIZE)
+    with pytest.raises(ValueError, match="attention DiT has none"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, mixer="attention",
+                        num_heads=4, dwc_padding="background")
+    with pytest.raises(ValueError, match="dwc_padding must be one of"):
+        WeightFormerDiT(input_size=SIZE, patch_size=PATCH, hidden_size=HIDDEN, depth=DEPTH, dwc_padding="circular")

@@ -167,6 +167,7 @@ def test_the_benchmarks_command_lines_resolve_to_the_variants_they_name(task, tm
     assert led["dwc_static_led"] is True and led["dwc_predictor"] == "offset_corr" and "dwc_dynamic_period" not in led
     both_led = models["long_range_led"][1]  # and ΔW's gain started at a tenth
     assert both_led == {**led, "linear_predictor": "double_centered_gated_led"}
+    assert models["long_range_led_background"][1] == {**both_led, "dwc_padding": "background"}
     assert models["attention"][0] in ("deit_tiny_patch16_224", "dit_s_4")
     if task == "gen":  # the DiT baseline is drawn as timm draws a ViT, as the DeiT baselines are
         assert models["attention"][1]["block_init"] == "vit"

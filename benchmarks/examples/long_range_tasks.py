@@ -27,6 +27,8 @@ a finished ``last.pt`` is not run again. Variants:
   kernel drawn as the static blocks' (docs/analysis.md §6);
 - ``long_range_led``: that with ``linear_predictor=double_centered_gated_led``: ΔW's gain started at a tenth as
   well, so every block starts close to a static one (docs/analysis.md §6);
+- ``long_range_led_background``: that with ``dwc_padding=background``: every depthwise conv padded with the
+  canvas's per-channel median in place of zeros (docs/analysis.md §6);
 - ``attention``: DeiT (det, seg) or DiT (gen) at the same width and depth, heads of 32 channels (``--head-channels``), the
   recipe's other model settings; both drawn with timm's ViT init (DiT's blocks with ``block_init=vit``).
 
@@ -56,7 +58,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "long_range"
 VARIANTS = ("released", "long_range", "released_placement", "long_range_centered", "long_range_local_dwc",
-            "long_range_gated", "long_range_late", "long_range_static_led", "long_range_led", "attention")
+            "long_range_gated", "long_range_late", "long_range_static_led", "long_range_led",
+            "long_range_led_background", "attention")
 # The budget: the offline jobs' schedules at half length (det 16 -> 8 epochs, seg 50 -> 25, gen 13 -> 6),
 # so that 4 variants x 2 seeds x 3 tasks fit an afternoon on 2 CPU cores.
 EPOCHS = {"det": 8, "seg": 25, "gen": 6}
@@ -98,10 +101,11 @@ def variant_flags(task: str, variant: str) -> list[str]:
         depth = _recipe_kwargs(task)["model_kwargs"]["depth"]
         return ["--long-range", "--model-kwargs", "linear_predictor=double_centered_gated", "dwc_dynamic_period=3",
                 f"dynamic_linear_start={depth // 2}"]
-    if variant in ("long_range_static_led", "long_range_led"):
-        predictor = "double_centered_gated_led" if variant == "long_range_led" else "double_centered_gated"
+    if variant in ("long_range_static_led", "long_range_led", "long_range_led_background"):
+        predictor = "double_centered_gated" if variant == "long_range_static_led" else "double_centered_gated_led"
+        padding = ["dwc_padding=background"] if variant == "long_range_led_background" else []
         return ["--long-range", "--model-kwargs", f"linear_predictor={predictor}", "dwc_predictor=offset_corr",
-                "dwc_static_led=True"]
+                "dwc_static_led=True", *padding]
     if variant == "released_placement":
         from weightformer.models.weightformer_long_range import LONG_RANGE_ARGS
         return ["--model-kwargs", f"linear_predictor={LONG_RANGE_ARGS['linear_predictor']}"]
@@ -245,7 +249,8 @@ def legend() -> str:
             "`linear_predictor=double_centered_gated`; `long_range_late` that with ΔW only in the later half of the "
             "blocks (`dynamic_linear_start` = depth // 2); `long_range_static_led` `--long-range` with "
             "`linear_predictor=double_centered_gated dwc_predictor=offset_corr dwc_static_led=True`; `long_range_led` "
-            "that with `linear_predictor=double_centered_gated_led`; `attention` DeiT "
+            "that with `linear_predictor=double_centered_gated_led`; `long_range_led_background` that with "
+            "`dwc_padding=background`; `attention` DeiT "
             "or DiT of the "
             f"same width and depth, {HEAD_CHANNELS} channels per head, blocks drawn with timm's ViT init "
             "(`block_init=vit` for DiT). Scores are the last epoch's; seeds column: the "

@@ -19,6 +19,7 @@ from timm.layers import Attention, Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
 
 from ..layers import DynamicDWConv, DynamicLinear
+from ..layers.dynamic_dwconv import BackgroundPaddedConv2d, check_dwc_padding
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..generation.choices import GUIDANCE_MODES  # torch-free: gen sample's command line lists them
@@ -74,9 +75,10 @@ class WeightFormerDiTBlock(nn.Module):
 
     def __init__(self, hidden_size: int, mlp_ratio: float, grid: tuple[int, int], dynamic: bool,
                  linear_predictor: str = "bilateral", dynamic_dwc: bool | None = None, dwc_predictor: str = "adaptive",
-                 dwc_static_led: bool = False):
+                 dwc_static_led: bool = False, dwc_padding: str = "zeros"):
         """``dynamic_dwc`` (None: ``dynamic``) chooses the conv apart from the MLP, as in the classifier's block;
-        ``dwc_predictor`` and ``dwc_static_led`` are :class:`DynamicDWConv`'s ``predictor`` and ``static_led``."""
+        ``dwc_predictor``, ``dwc_static_led`` and ``dwc_padding`` are :class:`DynamicDWConv`'s ``predictor``,
+        ``static_led`` and ``padding`` (a static conv padded with the background: :class:`BackgroundPaddedConv2d`)."""
         super().__init__()
         hidden = int(hidden_size * mlp_ratio)
         self.grid, self.dynamic = grid, dynamic
@@ -85,7 +87,10 @@ class WeightFormerDiTBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         dynamic_dwc = dynamic if dynamic_dwc is None else dynamic_dwc
         if dynamic_dwc:
-            self.dwc = DynamicDWConv(hidden_size, 3, predictor=dwc_predictor, static_led=dwc_static_led)
+            self.dwc = DynamicDWConv(hidden_size, 3, predictor=dwc_predictor, static_led=dwc_static_led,
+                                     padding=dwc_padding)
+        elif dwc_padding == "background":
+            self.dwc = BackgroundPaddedConv2d(hidden_size, 3)
         else:
             self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
         if dynamic:
@@ -196,7 +201,7 @@ class WeightFormerDiT(nn.Module):
     """Class-conditional DiT with DiT's constructor and interface (``mixer="attention"``: DiT itself). As for the
     classifier, ``linear_predictor``, ``dynamic_period``, ``dwc_dynamic_period`` and ``dynamic_linear_start`` choose
     the dynamic MLP predictor, the dynamic blocks, those of them whose conv is dynamic and the first whose MLP is,
-    ``dwc_predictor`` and ``dwc_static_led`` the dynamic convs' predictor and start;
+    ``dwc_predictor``, ``dwc_static_led`` and ``dwc_padding`` the dynamic convs' predictor, start and padding;
     ``block_init`` how the blocks' mixer and MLP linear layers are drawn (:meth:`initialize_weights`)."""
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
@@ -204,16 +209,19 @@ class WeightFormerDiT(nn.Module):
                  learn_sigma: bool = True, mixer: str = "weightformer", num_heads: int = 16,
                  guidance: str = "release", linear_predictor: str = "bilateral", dynamic_period: int = 3,
                  block_init: str = "dit", dwc_dynamic_period: int | None = None, dynamic_linear_start: int = 0,
-                 dwc_predictor: str = "adaptive", dwc_static_led: bool = False):
+                 dwc_predictor: str = "adaptive", dwc_static_led: bool = False, dwc_padding: str = "zeros"):
         super().__init__()
+        check_dwc_padding(dwc_padding)
         if mixer not in ("weightformer", "attention"):
             raise ValueError(f"mixer must be 'weightformer' or 'attention', got {mixer!r}")
         if guidance not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {guidance!r}")
         if mixer == "attention" and (linear_predictor, dynamic_period, dwc_dynamic_period, dynamic_linear_start,
-                                     dwc_predictor, dwc_static_led) != ("bilateral", 3, None, 0, "adaptive", False):
+                                     dwc_predictor, dwc_static_led, dwc_padding) != (
+                                         "bilateral", 3, None, 0, "adaptive", False, "zeros"):
             raise ValueError("linear_predictor, dynamic_period, dwc_dynamic_period, dynamic_linear_start, "
-                             "dwc_predictor and dwc_static_led choose WeightFormer blocks; the attention DiT has none")
+                             "dwc_predictor, dwc_static_led and dwc_padding choose WeightFormer blocks; the attention "
+                             "DiT has none")
         convs = dynamic_conv_blocks(dwc_dynamic_period, dynamic_period, depth)
         linears = dynamic_linear_blocks(dynamic_linear_start, dynamic_period, depth)
         if input_size % patch_size:
@@ -233,7 +241,7 @@ class WeightFormerDiT(nn.Module):
         self.register_buffer("pos_embed", pos.float().unsqueeze(0))  # (1, N, D), fixed
         if mixer == "weightformer":
             blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, self.grid, linears[i], linear_predictor, convs[i],
-                                           dwc_predictor, dwc_static_led) for i in range(depth)]
+                                           dwc_predictor, dwc_static_led, dwc_padding) for i in range(depth)]
         else:
             blocks = [DiTBlock(hidden_size, mlp_ratio, num_heads) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)
