@@ -257,6 +257,9 @@ def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_
     drawn = [row[k] for k in row if k.startswith("drawn at 128")]
     assert len(drawn) == 3 and drawn[0]["images"] == 16 == drawn[1]["images"] + drawn[2]["images"]
     assert all(0 <= s["accuracy"] <= 100 for k, s in row.items() if k != "data")
+    assert edge_margin.main([ckpt, "--images", "16", "--margins", "8", "12", "24", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["checkpoints"][ckpt]
+    assert [k for k in row if k.startswith("margin")] == ["margin 8", "margin 24"]  # 12 is off the patch grid
     capsys.readouterr()
     assert main(["train", "--data", "glyph_match:size=64,background=noise,train=8,val=8", "--epochs", "1",
                  "--max-steps", "1", "--batch-size", "8", "--model-kwargs", "patch_size=8", "embed_dim=16", "depth=2",

@@ -3,6 +3,7 @@ same held-out images with blank margin added on every side, and the probe redraw
 its glyphs lie from the side edges.
 
     python benchmarks/examples/edge_margin.py RUN/seed0/last.pt RUN/seed1/last.pt --json OUT.json
+    python benchmarks/examples/edge_margin.py RUN/seed0/last.pt --margins 4 8 12 16   # odd and even token counts
 
 For each checkpoint (trained on a pair relation, e.g. ``scale_match:size=64,scale=2``, with no background or
 distractors) this prints accuracy and the AUC of the logit margin on:
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="weightformer train checkpoints of a pair relation at 64 px")
     parser.add_argument("--images", type=int, default=2000, help="held-out images per canvas")
+    parser.add_argument("--margins", type=int, nargs="+", default=list(MARGINS),
+                        help="px of blank canvas on every side (default: %(default)s); those off the patch grid skipped")
     parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from weightformer.data.builtin import probe_spec
     from weightformer.data.probes import PAIR_RELATIONS
 
-    record: dict = {"images": args.images, "margins": list(MARGINS), "large": LARGE, "checkpoints": {}}
+    record: dict = {"images": args.images, "margins": args.margins, "large": LARGE, "checkpoints": {}}
     for path in args.checkpoints:
         model, meta = load_probe_classifier(path)
         data = checkpoint_probe(meta, path)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         small, labels = probe_batch(probe_at(f"{data},val={args.images}", spec.options["size"], glyph_scale(data)))
         row = record["checkpoints"][path] = {"data": data}
         side, blank = small.shape[-1], float(small.min())  # the trained canvas; its background pixel, normalised
-        for margin in MARGINS:
+        for margin in args.margins:
             if margin % patch:
                 continue  # a margin off the patch grid would also move each glyph within its patch
             padded = insert_background(small, side + 2 * margin, "around", blank)  # (N, 1, side + 2 margin, ...)
