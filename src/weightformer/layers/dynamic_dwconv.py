@@ -25,7 +25,8 @@ from timm.layers import trunc_normal_
 
 from .dynamic_layer import DWCONV_PREDICTORS, DynamicWeightLayer, lower_median, register_predictor
 
-__all__ = ["DWCONV_PREDICTORS", "DWC_PADDINGS", "background_value", "BackgroundPaddedConv2d", "adaptive_avg_pool", "adaptive_avg_pool_matrices", "per_sample_depthwise_conv_taps",
+__all__ = ["DWCONV_PREDICTORS", "DWC_PADDINGS", "background_value", "check_dwc_padding", "BackgroundPaddedConv2d",
+           "static_depthwise_conv", "adaptive_avg_pool", "adaptive_avg_pool_matrices", "per_sample_depthwise_conv_taps",
            "DynamicDWConv", "AdaptiveKernelPredictor", "GapKernelPredictor", "AmplitudeDirectionKernelPredictor",
            "ConvKernelPredictor"]
 
@@ -54,6 +55,13 @@ class BackgroundPaddedConv2d(nn.Conv2d):
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, C, H, W)
         m = background_value(x)  # (B, C, 1, 1)
         return super().forward(x - m) + m * self.weight.sum(dim=(1, 2, 3)).to(x.dtype)[None, :, None, None]
+
+
+def static_depthwise_conv(dim: int, kernel_size: int, padding: str = "zeros", device=None, dtype=None) -> nn.Conv2d:
+    """A static block's depthwise conv ("same" size): ``nn.Conv2d`` zero-padded, or :class:`BackgroundPaddedConv2d`."""
+    if padding == "background":
+        return BackgroundPaddedConv2d(dim, kernel_size, device=device, dtype=dtype)
+    return nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, device=device, dtype=dtype)
 
 
 def adaptive_avg_pool_matrices(x: Tensor, size: int) -> Tensor:

@@ -19,7 +19,7 @@ from timm.layers import Attention, Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
 
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.dynamic_dwconv import BackgroundPaddedConv2d, check_dwc_padding
+from ..layers.dynamic_dwconv import check_dwc_padding, static_depthwise_conv
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 from ..generation.choices import GUIDANCE_MODES  # torch-free: gen sample's command line lists them
@@ -89,10 +89,8 @@ class WeightFormerDiTBlock(nn.Module):
         if dynamic_dwc:
             self.dwc = DynamicDWConv(hidden_size, 3, predictor=dwc_predictor, static_led=dwc_static_led,
                                      padding=dwc_padding)
-        elif dwc_padding == "background":
-            self.dwc = BackgroundPaddedConv2d(hidden_size, 3)
         else:
-            self.dwc = nn.Conv2d(hidden_size, hidden_size, 3, padding=1, groups=hidden_size)
+            self.dwc = static_depthwise_conv(hidden_size, 3, dwc_padding)
         if dynamic:
             self.linear1 = DynamicLinear(hidden_size, hidden, predictor=linear_predictor)
         else:

@@ -26,7 +26,7 @@ from timm.models.vision_transformer import global_pool_nlc, init_weights_vit_tim
 
 from ..checkpoint import release_pickle_globals, strip_wrapper_prefixes
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.dynamic_dwconv import BackgroundPaddedConv2d, check_dwc_padding
+from ..layers.dynamic_dwconv import check_dwc_padding, static_depthwise_conv
 from ..layers.gelu_linear import gelu_linear
 from ..layers.inference import eager_inference, hookless, tokens_per_chunk
 
@@ -230,10 +230,8 @@ class Block(nn.Module):
         if dynamic_dwc:
             self.dwc = DynamicDWConv(dim, dwc_kernel_size, predictor=dwc_predictor, static_led=dwc_static_led,
                                      padding=dwc_padding, **dd)
-        elif dwc_padding == "background":
-            self.dwc = BackgroundPaddedConv2d(dim, dwc_kernel_size, **dd)
         else:
-            self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
+            self.dwc = static_depthwise_conv(dim, dwc_kernel_size, dwc_padding, **dd)
         if dynamic_linear:
             fc1 = DynamicLinear(dim, hidden, predictor=linear_predictor, reduction=predictor_reduction, **dd)
         else:
