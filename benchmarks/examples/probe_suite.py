@@ -5,6 +5,8 @@
     python benchmarks/examples/probe_suite.py --probes path_link --designs long_range_local_dwc --seeds 0
     python benchmarks/examples/probe_suite.py --table-only         # the tables from the runs on disk
     python benchmarks/examples/probe_suite.py --epochs 24 --runs runs/probe_suite_24ep --out OUT  # a longer budget
+    python benchmarks/examples/probe_suite.py --designs long_range_led --table-only \
+        --keep benchmarks/results/probes/suite/designs.json   # these runs added to a committed table's
 
 Each run is ``weightformer train --data PROBE:size=64,scale=2`` (``path_link`` with ``ends=matched``) with the
 probe recipe (4-block 64-d model at patch 4, 12 epochs, batch 128; configs/classification/probe.yaml) and the
@@ -12,7 +14,9 @@ design's model, on one thread, into ``--runs``/<design>/<probe>/seed<N>/; a run 
 run again, and one trained on other data is refused. The evaluation is
 :func:`weightformer.analysis.transfer.transfer_table` (``weightformer analyze transfer``): the held-out split
 drawn afresh at each size at the trained glyph scale, 2,000 images per size (``--eval-images``). The held-out
-relation (``HELD_OUT``, scale_match) comes last in every table. Costs: parameters and GFLOPs of each design at
+relation (``HELD_OUT``, scale_match) comes last in every table. ``--keep`` adds the runs of an earlier record
+(its JSON) that this call does not evaluate, with their own commands and accuracies, so a table can grow by a
+design after the earlier runs' folders are gone. Costs: parameters and GFLOPs of each design at
 WeightFormer-T's size (1000 classes) at 224² and 1248², counted on the meta device.
 """
 
@@ -139,6 +143,26 @@ def design_costs(design: str) -> dict[str, float]:
     return out
 
 
+def earlier_record(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The record at ``path`` (``--keep``: a designs.json this script wrote), refused in one line if it is not one."""
+    from weightformer.data.probes import SUITE
+
+    try:
+        record = json.loads(path.read_text())
+        missing = [key for key in ("command", "machine", "epochs", "eval_images", "runs") if key not in record]
+        bad = [r for r in record.get("runs", []) if r.get("design") not in DESIGNS or r.get("probe") not in SUITE
+               or not isinstance(r.get("seed"), int)
+               or not {str(PROBE_SIZE), str(LARGE_SIZE)} <= set(r.get("accuracy", {}))]
+    except OSError as exc:
+        parser.error(f"--keep {path}: {exc.strerror or exc}")
+    except (ValueError, AttributeError, TypeError) as exc:
+        parser.error(f"--keep {path} is not a probe_suite.py record (designs.json): {exc}")
+    if missing or bad:
+        parser.error(f"--keep {path} is not a probe_suite.py record (designs.json): "
+                     + (f"no {', '.join(missing)}" if missing else f"a run it names is not this script's: {bad[0]}"))
+    return record
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-seed accuracies at both sizes, their ratio and the share of the above-chance accuracy kept."""
     small = [r["accuracy"][str(PROBE_SIZE)] for r in rows]
@@ -229,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="held-out images per size (default %(default)s: a binomial standard error of at most "
                              "1.1 points; on 1,000 one checkpoint read 52.6 and 55.8%% on two draws)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "probes" / "suite" / "designs")
+    parser.add_argument("--keep", type=Path, metavar="JSON",
+                        help="an earlier record (designs.json): its runs not evaluated here join the table")
     args = parser.parse_args(argv)
+    earlier = earlier_record(args.keep, parser) if args.keep else None
     probes = [p for p in SUITE if p in args.probes]  # report order: the held-out relation last
     todo = [(d, p, s) for d in args.designs for p in probes for s in args.seeds]
     epochs = args.epochs or recipe_epochs()
@@ -243,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         for job in sorted(set(todo) - set(found)):
             if (args.runs.joinpath(*job[:2], f"seed{job[2]}") / "last.pt").is_file():
                 print(f"skipped (not finished): {args.runs.joinpath(*job[:2], f'seed{job[2]}')}", file=sys.stderr)
-        if not found:
+        if not found and not earlier:
             parser.error(f"no finished {epochs}-epoch run of these designs, probes and seeds under {args.runs}; "
                          f"pass the folder they were trained into with --runs")
         checkpoints = [args.runs / d / p / f"seed{s}" / "last.pt" for d, p, s in found]
@@ -257,9 +284,20 @@ def main(argv: list[str] | None = None) -> int:
         if row["trained_on"] != probe_data(probe):
             parser.error(f"{path} was trained on {row['trained_on']!r}, not the suite's {probe_data(probe)!r}; "
                          f"move that run away (or delete it) and run again")
-    table: dict[str, dict[str, dict[str, Any]]] = {}
-    for (design, probe, _), row in zip(todo, rows):
-        table.setdefault(design, {}).setdefault(probe, []).append(row)
+    runs = [{"design": d, "probe": p, "seed": s,
+             "command": shlex.join(train_command(d, p, s, args.runs / d / p / f"seed{s}", args.epochs)),
+             "accuracy": row["accuracy"]} for (d, p, s), row in zip(todo, rows)]
+    if earlier:
+        for key, ours in (("epochs", epochs), ("eval_images", args.eval_images)):
+            if earlier[key] != ours:
+                parser.error(f"--keep {args.keep} holds runs with {key}={earlier[key]}, these have {ours}; "
+                             f"keep a record of the same budget and evaluation")
+        evaluated = {(r["design"], r["probe"], r["seed"]) for r in runs}
+        runs += [r for r in earlier["runs"] if (r["design"], r["probe"], r["seed"]) not in evaluated]
+    runs.sort(key=lambda r: (list(DESIGNS).index(r["design"]), list(SUITE).index(r["probe"]), r["seed"]))
+    table: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        table.setdefault(run["design"], {}).setdefault(run["probe"], []).append(run)
     table = {d: {p: summarize(r) for p, r in per_probe.items()} for d, per_probe in table.items()}
     costs = {d: design_costs(d) for d in table}
     from weightformer.bench.results import machine_info
@@ -268,13 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     record = {"machine": {**machine_info(command=command), "threads_per_run": 1}, "command": command,
               "epochs": epochs, "sizes": [PROBE_SIZE, LARGE_SIZE], "scale": SCALE,
               "eval_images": args.eval_images, "designs": {d: list(DESIGNS[d]) for d in table},
-              "runs": [{"design": d, "probe": p, "seed": s, "command": shlex.join(train_command(d, p, s, args.runs / d / p / f"seed{s}", args.epochs)),
-                        "accuracy": row["accuracy"]} for (d, p, s), row in zip(todo, rows)],
-              "summary": table, "costs": costs}
+              "runs": runs, "summary": table, "costs": costs}
+    if earlier:  # where the kept runs were measured (and, for a record that kept runs itself, where those were)
+        record["kept_from"] = {"path": str(args.keep), **{k: earlier[k] for k in ("command", "machine", "kept_from")
+                                                          if k in earlier}}
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    text = markdown(table, costs, probes, args.eval_images, epochs)
+    tabulated = [p for p in SUITE if any(p in per_probe for per_probe in table.values())]  # kept ones too
+    text = markdown(table, costs, tabulated, args.eval_images, epochs)
     args.out.with_suffix(".md").write_text(text)
-    plot(table, probes, args.out.with_suffix(".png"))
+    plot(table, tabulated, args.out.with_suffix(".png"))
     print(text)
     return 0
 
