@@ -268,3 +268,44 @@ def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_
     with pytest.raises(SystemExit) as refused:  # a background leaves no blank columns to count
         edge_margin.main([str(tmp_path / "noisy" / "last.pt")])
     assert refused.value.code == 2 and "with no background and no distractors" in capsys.readouterr().err
+
+
+def test_edge_margin_crops_what_every_dynamic_linear_predictor_reads_and_nothing_else(probe_checkpoint, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+    import edge_margin
+    from weightformer.layers import DynamicLinear
+
+    torch.manual_seed(0)
+    model = timm.create_model("weightformer_long_range_tiny", num_classes=2, img_size=32, patch_size=4, embed_dim=32,
+                              depth=2, drop_path_rate=0.0).eval()
+    x = torch.randn(2, 3, 32, 32)
+    seen = []  # every predictor's input grid, read by a hook registered before the crop's
+    layers = [m for m in model.modules() if isinstance(m, DynamicLinear)]
+    for layer in layers:
+        layer.predictor.register_forward_hook(lambda m, inputs, out: seen.append((m, inputs[0].clone(), out)))
+    with torch.no_grad():
+        plain = model(x)
+        uncropped = [(m, grid) for m, grid, _ in seen]
+        seen.clear()
+        assert edge_margin.crop_predictor_grids(model, 1) == len(layers) == 2
+        cropped = model(x)
+    assert [grid.shape[1:3] for _, grid, _ in seen] == [(6, 6)] * 2  # the 8x8 grid less one token on every side
+    assert not torch.allclose(plain, cropped)
+    # The first block's predictor reads the embedded image's grid, cropped: ΔW is its prediction from that crop.
+    first, grid, delta = seen[0]
+    torch.testing.assert_close(grid, uncropped[0][1][:, 1:-1, 1:-1])
+    with torch.no_grad():
+        first._forward_pre_hooks.clear()
+        torch.testing.assert_close(delta, first(uncropped[0][1][:, 1:-1, 1:-1]))
+    with pytest.raises(ValueError, match="nothing left after cutting 4 from each side"):
+        edge_margin.crop_predictor_grids(model, 4)
+        model(x)
+    ckpt, out = str(probe_checkpoint / "probe" / "last.pt"), tmp_path / "cropped.json"  # the released design
+    assert edge_margin.main([ckpt, "--images", "16", "--margins", "8", "--crop-predictor-grid", "1",
+                             "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["crop_predictor_grid"] == 1 and "margin 8" in record["checkpoints"][ckpt]
+    with pytest.raises(SystemExit) as refused:
+        edge_margin.main([ckpt, "--crop-predictor-grid", "-1"])
+    assert refused.value.code == 2

@@ -4,6 +4,7 @@ its glyphs lie from the side edges.
 
     python benchmarks/examples/edge_margin.py RUN/seed0/last.pt RUN/seed1/last.pt --json OUT.json
     python benchmarks/examples/edge_margin.py RUN/seed0/last.pt --margins 4 8 12 16   # odd and even token counts
+    python benchmarks/examples/edge_margin.py RUN/seed0/last.pt --margins 4 8 --crop-predictor-grid 1
 
 For each checkpoint (trained on a pair relation, e.g. ``scale_match:size=64,scale=2``, with no background or
 distractors) this prints accuracy and the AUC of the logit margin on:
@@ -18,6 +19,12 @@ distractors) this prints accuracy and the AUC of the logit margin on:
 If accuracy falls as D grows while the glyphs' own distance is unchanged, and on the 128 px drawing the images
 whose gaps are as small as at 64 px keep the accuracy, the model's glyph code depends on where the glyph sits
 relative to the edge (which the convs' zero padding marks), not on how far the two glyphs are apart.
+
+``--crop-predictor-grid K`` is a swap test of the dynamic linear predictors' 2×2 pooling phase: every ΔW is
+predicted from the token grid with K tokens cut from each side (the rest of the model sees the whole grid). With
+K = 1 a margin of one token (4 px at patch 4) gives the predictor the trained canvas in its trained pooling phase,
+and a margin of two tokens the canvas one token off it: if the phase costs the accuracy, odd and even margins swap
+places; if the blank margin does, cutting it helps both.
 """
 
 from __future__ import annotations
@@ -46,14 +53,37 @@ def outer_gaps(images: torch.Tensor) -> np.ndarray:
     return np.maximum(left, right)
 
 
+def crop_predictor_grids(model: torch.nn.Module, tokens: int) -> int:
+    """Make every dynamic linear layer of ``model`` predict its ΔW from the token grid with ``tokens`` cut from each
+    side (its predictor's input, (B, H, W, C) -> (B, H - 2k, W - 2k, C)); the number of layers so changed."""
+    from weightformer.layers import DynamicLinear
+
+    def crop(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        grid = inputs[0]  # (B, H, W, C)
+        if min(grid.shape[1:3]) <= 2 * tokens:
+            raise ValueError(f"a {grid.shape[1]}x{grid.shape[2]} token grid has nothing left after cutting "
+                             f"{tokens} from each side")
+        return (grid[:, tokens:-tokens, tokens:-tokens], *inputs[1:])
+
+    layers = [m for m in model.modules() if isinstance(m, DynamicLinear)]
+    for layer in layers:
+        layer.predictor.register_forward_pre_hook(crop)
+    return len(layers)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="weightformer train checkpoints of a pair relation at 64 px")
     parser.add_argument("--images", type=int, default=2000, help="held-out images per canvas")
     parser.add_argument("--margins", type=int, nargs="+", default=list(MARGINS),
                         help="px of blank canvas on every side (default: %(default)s); those off the patch grid skipped")
+    parser.add_argument("--crop-predictor-grid", type=int, default=0, metavar="K",
+                        help="predict every ΔW from the grid with K tokens cut from each side (a test of the "
+                             "2x2 pooling's phase; default 0: the model as trained)")
     parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args(argv)
+    if args.crop_predictor_grid < 0:
+        parser.error(f"--crop-predictor-grid {args.crop_predictor_grid}: give a number of tokens, 0 or more")
     torch.set_num_threads(1)
 
     from weightformer.analysis.transfer import (checkpoint_probe, glyph_scale, insert_background, load_probe_classifier,
@@ -61,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     from weightformer.data.builtin import probe_spec
     from weightformer.data.probes import PAIR_RELATIONS
 
-    record: dict = {"images": args.images, "margins": args.margins, "large": LARGE, "checkpoints": {}}
+    record: dict = {"images": args.images, "margins": args.margins, "large": LARGE,
+                    "crop_predictor_grid": args.crop_predictor_grid, "checkpoints": {}}
     for path in args.checkpoints:
         model, meta = load_probe_classifier(path)
+        if args.crop_predictor_grid and not crop_predictor_grids(model, args.crop_predictor_grid):
+            parser.error(f"{path}'s model has no dynamic linear layer: --crop-predictor-grid has nothing to crop")
         data = checkpoint_probe(meta, path)
         spec = probe_spec(data)
         if (data.partition(":")[0] not in PAIR_RELATIONS or spec.options.get("background", "none") != "none"
