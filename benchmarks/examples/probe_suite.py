@@ -310,10 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     if earlier:  # where the kept runs were measured (and, for a record that kept runs itself, where those were)
         record["kept_from"] = {"path": str(args.keep), **{k: earlier[k] for k in ("command", "machine", "kept_from")
                                                           if k in earlier}}
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    from weightformer.atomic import write_atomic  # the record --keep read may be the one rewritten here
+
+    write_atomic(args.out.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
     tabulated = [p for p in SUITE if any(p in per_probe for per_probe in table.values())]  # kept ones too
     text = markdown(table, costs, tabulated, args.eval_images, epochs)
-    args.out.with_suffix(".md").write_text(text)
+    write_atomic(args.out.with_suffix(".md"), text)
     plot(table, tabulated, args.out.with_suffix(".png"))
     print(text)
     return 0
