@@ -115,6 +115,12 @@ def test_swap_diagnosis_is_exact_where_it_must_be():
     assert set(grown["accuracy"]["large, swapped in"]) >= {"all linear", "all dwc", "all dynamic"}
 
 
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    """benchmarks/examples importable, as its scripts import one another, for one test."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+
+
 @pytest.fixture(scope="module")
 def probe_checkpoint(tmp_path_factory):
     """A 96 px glyph_match classifier (glyph scale 3) after one step, and an MNIST one."""
@@ -181,9 +187,9 @@ def test_a_vit_position_embedding_is_resampled_to_the_new_grid_as_timm_does():
     assert all(torch.equal(before[k], v) for k, v in wf.state_dict().items())
 
 
-def test_path_link_extent_scores_the_same_images_on_a_larger_canvas_and_the_redrawn_probe(probe_checkpoint, tmp_path,
-                                                                                           monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+def test_path_link_extent_scores_the_same_images_on_a_larger_canvas_and_the_redrawn_probe(examples_on_path,
+                                                                                           probe_checkpoint, tmp_path,
+                                                                                           capsys):
     import path_link_extent
     from path_link_cues import auc
 
@@ -208,8 +214,7 @@ def test_path_link_extent_scores_the_same_images_on_a_larger_canvas_and_the_redr
     assert refused.value.code == 2 and "pass checkpoints of path_link" in capsys.readouterr().err
 
 
-def test_looped_blocks_apply_the_block_stack_the_given_number_of_times(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+def test_looped_blocks_apply_the_block_stack_the_given_number_of_times(examples_on_path, monkeypatch):
     import looped_blocks
 
     from weightformer.models.weightformer import WeightFormer
@@ -231,9 +236,8 @@ def test_looped_blocks_apply_the_block_stack_the_given_number_of_times(monkeypat
         torch.testing.assert_close(model(x), expected)
 
 
-def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_gap(probe_checkpoint, tmp_path,
-                                                                                     monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_gap(examples_on_path, probe_checkpoint,
+                                                                                     tmp_path, capsys):
     import edge_margin
 
     # outer gaps: blank columns outside the outermost ink, the larger side; counted by hand on a 10 px canvas
@@ -270,9 +274,8 @@ def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_
     assert refused.value.code == 2 and "with no background and no distractors" in capsys.readouterr().err
 
 
-def test_edge_margin_crops_what_every_dynamic_linear_predictor_reads_and_nothing_else(probe_checkpoint, tmp_path,
-                                                                                      monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "examples"))
+def test_edge_margin_crops_what_every_dynamic_linear_predictor_reads_and_nothing_else(examples_on_path,
+                                                                                      probe_checkpoint, tmp_path):
     import edge_margin
     from weightformer.layers import DynamicLinear
 
@@ -280,13 +283,13 @@ def test_edge_margin_crops_what_every_dynamic_linear_predictor_reads_and_nothing
     model = timm.create_model("weightformer_long_range_tiny", num_classes=2, img_size=32, patch_size=4, embed_dim=32,
                               depth=2, drop_path_rate=0.0).eval()
     x = torch.randn(2, 3, 32, 32)
-    seen = []  # every predictor's input grid, read by a hook registered before the crop's
+    seen = []  # every predictor's input grid (after any pre-hook's crop) and output
     layers = [m for m in model.modules() if isinstance(m, DynamicLinear)]
     for layer in layers:
         layer.predictor.register_forward_hook(lambda m, inputs, out: seen.append((m, inputs[0].clone(), out)))
     with torch.no_grad():
         plain = model(x)
-        uncropped = [(m, grid) for m, grid, _ in seen]
+        uncropped = [grid for _, grid, _ in seen]
         seen.clear()
         assert edge_margin.crop_predictor_grids(model, 1) == len(layers) == 2
         cropped = model(x)
@@ -294,10 +297,10 @@ def test_edge_margin_crops_what_every_dynamic_linear_predictor_reads_and_nothing
     assert not torch.allclose(plain, cropped)
     # The first block's predictor reads the embedded image's grid, cropped: ΔW is its prediction from that crop.
     first, grid, delta = seen[0]
-    torch.testing.assert_close(grid, uncropped[0][1][:, 1:-1, 1:-1])
+    torch.testing.assert_close(grid, uncropped[0][:, 1:-1, 1:-1])
     with torch.no_grad():
         first._forward_pre_hooks.clear()
-        torch.testing.assert_close(delta, first(uncropped[0][1][:, 1:-1, 1:-1]))
+        torch.testing.assert_close(delta, first(uncropped[0][:, 1:-1, 1:-1]))
     with pytest.raises(ValueError, match="nothing left after cutting 4 from each side"):
         edge_margin.crop_predictor_grids(model, 4)
         model(x)
