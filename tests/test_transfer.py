@@ -236,6 +236,44 @@ def test_looped_blocks_apply_the_block_stack_the_given_number_of_times(examples_
         torch.testing.assert_close(model(x), expected)
 
 
+def test_propagator_carries_a_token_one_step_per_pass_and_runs_after_the_blocks(examples_on_path, monkeypatch):
+    import looped_blocks
+
+    from weightformer.models.weightformer import WeightFormer
+
+    torch.manual_seed(0)
+    cell = looped_blocks.Propagator(8, 4)
+    torch.nn.init.normal_(cell.write.weight)  # built as zero (the block stack alone); any map for the test
+    x = torch.randn(1, 9, 9, 8)
+    poked = x.clone()
+    poked[0, 4, 4] += 1.0  # one token changed, in the middle
+    with torch.no_grad():
+        for passes in (1, 2, 3):
+            moved = (cell(poked, passes) - cell(x, passes)).abs().amax(-1)[0] > 0  # (9, 9)
+            # the change reaches every token within `passes` rows and columns of the poked one, and no farther
+            near = torch.zeros(9, 9, dtype=torch.bool)
+            near[4 - passes:5 + passes, 4 - passes:5 + passes] = True
+            assert torch.equal(moved, near), passes
+        assert cell(x * 1e4, 50).sub(x * 1e4).abs().max() <= cell.write.weight.abs().sum(1).max() + \
+            cell.write.bias.abs().max() + 1e-3  # the state stays in (-1, 1)
+
+    monkeypatch.setattr(WeightFormer, "__init__", WeightFormer.__init__)  # both restored after the test
+    monkeypatch.setattr(WeightFormer, "forward_features", WeightFormer.forward_features)
+    monkeypatch.setitem(looped_blocks.PASSES, "fixed", 5)
+    looped_blocks.loop_blocks(propagator=4)
+    model = timm.create_model("weightformer_long_range_tiny", patch_size=8, embed_dim=16, depth=2, in_chans=1,
+                              num_classes=2, img_size=32).eval()
+    torch.nn.init.normal_(model.propagator.write.weight)
+    image = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        tokens = model.norm_pre(model.patch_embed(image))  # (B, 4, 4, C)
+        for block in model.blocks:  # once
+            tokens = block(tokens)
+        expected = model.head(model.norm(model.propagator(tokens, 5)).mean(dim=(1, 2)))
+        torch.testing.assert_close(model(image), expected)
+    assert "propagator.gates.weight" in model.state_dict()  # saved with the checkpoint
+
+
 def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_gap(examples_on_path, probe_checkpoint,
                                                                                      tmp_path, capsys):
     import edge_margin

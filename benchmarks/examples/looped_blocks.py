@@ -5,12 +5,19 @@ so that the number of passes, and with it how far a static 3 × 3 conv carries a
         --model weightformer_long_range_tiny --model-kwargs patch_size=4 embed_dim=64 depth=2 drop_path_rate=0.0 \\
         --seed 0 --output RUN/seed0
     python benchmarks/examples/looped_blocks.py score RUN/seed0/last.pt RUN/seed1/last.pt --json OUT.json
+    python benchmarks/examples/looped_blocks.py --propagator 32 --passes-lo 12 --passes-hi 20 train ...
 
 ``train`` is ``weightformer train`` with every WeightFormer's ``forward_features`` looped: each training batch
 takes a number of passes drawn from ``--passes-lo``..``--passes-hi`` (2..4) by torch's generator, so the blocks
 learn to be applied any number of times (as in Schwarzschild et al., 2021, "Can You Learn an Algorithm?", trained
 on small mazes and run longer on large ones). ``score`` evaluates looped checkpoints at fixed pass counts on the
 checkpoint's probe drawn at 64 and at 128 px: accuracy and the AUC of the logit margin per (size, passes).
+
+``--propagator WIDTH`` loops a small recurrent cell in place of the blocks: the block stack runs once, and a
+convolutional GRU of WIDTH channels (:class:`Propagator`) runs the drawn number of passes on its output, reading
+that output at every pass ("recall", as in Bansal et al., 2022, "End-to-end Algorithm Synthesis with Recurrent
+Networks"). Its state moves one token per pass and stays in (-1, 1) whatever the number of passes. Pass the same
+``--propagator`` to ``score``: the cell is part of the checkpoint.
 """
 
 from __future__ import annotations
@@ -20,27 +27,70 @@ import json
 import sys
 
 import torch
+from torch import nn
 
 from weightformer.atomic import write_atomic
 
 PASSES = {"lo": 2, "hi": 4, "fixed": None}  # training draws lo..hi; "fixed" (an int) overrides in eval mode
 
 
-def loop_blocks() -> None:
-    """Replace WeightFormer.forward_features by the looped one (this process only)."""
+class Propagator(nn.Module):
+    """A convolutional GRU on the token grid: each pass mixes every channel of (state, input) over 3 × 3 tokens
+    (depthwise), then a linear map gives the update gate z and the candidate c, and the state becomes
+    (1 - z) h + z tanh(c). The output adds the final state, projected back to the tokens' width, to the input."""
+
+    def __init__(self, dim: int, width: int):
+        super().__init__()
+        self.read = nn.Linear(dim, width)
+        # replicate padding: the cell sees no edge of its own beyond the blocks' view of the canvas
+        self.spatial = nn.Conv2d(2 * width, 2 * width, 3, padding=1, groups=2 * width, padding_mode="replicate")
+        self.gates = nn.Linear(2 * width, 2 * width)
+        self.write = nn.Linear(width, dim)
+        nn.init.zeros_(self.write.weight)  # starts as the block stack alone
+        nn.init.zeros_(self.write.bias)
+
+    def forward(self, x: torch.Tensor, passes: int) -> torch.Tensor:  # (B, H, W, C) -> (B, H, W, C)
+        recall = self.read(x)  # (B, H, W, w)
+        state = torch.zeros_like(recall)
+        for _ in range(passes):
+            mixed = self.spatial(torch.cat([state, recall], -1).permute(0, 3, 1, 2))  # (B, 2w, H, W)
+            gate, candidate = self.gates(mixed.permute(0, 2, 3, 1)).chunk(2, -1)  # (B, H, W, w) each
+            gate = torch.sigmoid(gate)
+            state = (1 - gate) * state + gate * torch.tanh(candidate)
+        return x + self.write(state)
+
+
+def drawn_passes(training: bool) -> int:
+    """The passes of this call: drawn from lo..hi in training, else the fixed count or the middle."""
+    if training:
+        return int(torch.randint(PASSES["lo"], PASSES["hi"] + 1, ()).item())
+    return PASSES["fixed"] or (PASSES["lo"] + PASSES["hi"]) // 2
+
+
+def loop_blocks(propagator: int = 0) -> None:
+    """Replace WeightFormer.forward_features by the looped one (this process only); with ``propagator`` > 0,
+    every WeightFormer built afterwards carries a :class:`Propagator` of that width, looped after the blocks."""
     from weightformer.models.weightformer import WeightFormer
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C)
         x = self._embed(x)
-        if self.training:
-            passes = int(torch.randint(PASSES["lo"], PASSES["hi"] + 1, ()).item())
+        passes = drawn_passes(self.training)
+        if propagator:
+            x = self.propagator(self.blocks(x), passes)
         else:
-            passes = PASSES["fixed"] or (PASSES["lo"] + PASSES["hi"]) // 2
-        for _ in range(passes):
-            for block in self.blocks:
-                x = block(x)
+            for _ in range(passes):
+                for block in self.blocks:
+                    x = block(x)
         return self.norm(x)
 
+    if propagator:
+        build = WeightFormer.__init__
+
+        def __init__(self, *args, **kwargs):
+            build(self, *args, **kwargs)
+            self.propagator = Propagator(self.embed_dim, propagator)
+
+        WeightFormer.__init__ = __init__
     WeightFormer.forward_features = forward_features
 
 
@@ -72,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--passes-lo", type=int, default=2)
     parser.add_argument("--passes-hi", type=int, default=4)
+    parser.add_argument("--propagator", type=int, default=0, metavar="WIDTH",
+                        help="loop a convolutional GRU of this width after the blocks, not the blocks (0: the blocks)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="weightformer train, looped (its arguments follow)", add_help=False)
     scoring = sub.add_parser("score", help="looped checkpoints at fixed pass counts, 64 and 128 px")
@@ -83,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if not 1 <= args.passes_lo <= args.passes_hi:
         parser.error(f"need 1 <= --passes-lo <= --passes-hi, got {args.passes_lo}, {args.passes_hi}")
+    if args.propagator < 0:
+        parser.error(f"--propagator must be a width >= 0, got {args.propagator}")
     PASSES.update(lo=args.passes_lo, hi=args.passes_hi)
-    loop_blocks()
+    loop_blocks(args.propagator)
     if args.command == "train":
         from weightformer.cli import main as weightformer
         return weightformer(["train", *rest])
@@ -94,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = [tuple(int(v) for v in item.split(":")) for item in args.plan]
     result = score(args.checkpoints, plan, args.images)
     if args.json:
-        record = {"passes_trained": [args.passes_lo, args.passes_hi], "images": args.images, "checkpoints": result}
+        record = {"passes_trained": [args.passes_lo, args.passes_hi], "propagator": args.propagator,
+                  "images": args.images, "checkpoints": result}
         write_atomic(args.json, json.dumps(record, indent=1) + "\n")
     return 0
 
