@@ -242,7 +242,7 @@ def test_propagator_carries_a_token_one_step_per_pass_and_runs_after_the_blocks(
     from weightformer.models.weightformer import WeightFormer
 
     torch.manual_seed(0)
-    cell = looped_blocks.Propagator(8, 4)
+    cell = looped_blocks.Propagator(8, 4, patch=4, stride=4, in_chans=1)  # one cell per token
     torch.nn.init.normal_(cell.write.weight)  # built as zero (the block stack alone); any map for the test
     x = torch.randn(1, 9, 9, 8)
     poked = x.clone()
@@ -256,6 +256,18 @@ def test_propagator_carries_a_token_one_step_per_pass_and_runs_after_the_blocks(
             assert torch.equal(moved, near), passes
         assert cell(x * 1e4, 50).sub(x * 1e4).abs().max() <= cell.write.weight.abs().sum(1).max() + \
             cell.write.bias.abs().max() + 1e-3  # the state stays in (-1, 1)
+        # cells of 2 px under 4 px tokens: a pixel poked in the image moves the cells `passes` cells around its
+        # own (a pixel at 17 px: cell 8, token 4), and after max-pooling at most the tokens those cells lie in
+        fine = looped_blocks.Propagator(8, 4, patch=4, stride=2, in_chans=1)
+        torch.nn.init.normal_(fine.write.weight)
+        image = torch.randn(1, 1, 36, 36)
+        pixel = image.clone()
+        pixel[0, 0, 17, 17] += 1.0
+        for passes, span in ((1, slice(3, 5)), (2, slice(3, 6)), (5, slice(1, 7))):  # cells 7-9, 6-10, 3-13
+            moved = (fine(x, passes, pixel) - fine(x, passes, image)).abs().amax(-1)[0] > 0
+            near = torch.zeros(9, 9, dtype=torch.bool)
+            near[span, span] = True
+            assert moved[4, 4] and not (moved & ~near).any(), passes
 
     monkeypatch.setattr(WeightFormer, "__init__", WeightFormer.__init__)  # both restored after the test
     monkeypatch.setattr(WeightFormer, "forward_features", WeightFormer.forward_features)

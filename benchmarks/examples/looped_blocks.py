@@ -31,33 +31,52 @@ from torch import nn
 
 from weightformer.atomic import write_atomic
 
-PASSES = {"lo": 2, "hi": 4, "fixed": None}  # training draws lo..hi; "fixed" (an int) overrides in eval mode
+# training draws lo..hi passes; "fixed" (an int) overrides in eval mode; "grad": the propagator's passes that
+# training differentiates (the last ones; 0: all)
+PASSES = {"lo": 2, "hi": 4, "fixed": None, "grad": 0}
 
 
 class Propagator(nn.Module):
-    """A convolutional GRU on the token grid: each pass mixes every channel of (state, input) over 3 × 3 tokens
-    (depthwise), then a linear map gives the update gate z and the candidate c, and the state becomes
-    (1 - z) h + z tanh(c). The output adds the final state, projected back to the tokens' width, to the input."""
+    """A convolutional GRU on a grid of cells ``stride`` pixels wide: each pass mixes every channel of (state,
+    input) over 3 × 3 cells (depthwise), then a linear map gives the update gate z and the candidate c, and the
+    state becomes (1 - z) h + z tanh(c). With ``stride`` below the patch size the grid is finer than the tokens:
+    its input is the tokens, repeated over their cells, plus a ``stride``-pixel patch embedding of the image, and the
+    final state is max-pooled back to the tokens. The output adds that state, projected to the tokens' width, to
+    the tokens."""
 
-    def __init__(self, dim: int, width: int):
+    def __init__(self, dim: int, width: int, patch: int, stride: int, in_chans: int):
         super().__init__()
+        if patch % stride:
+            raise ValueError(f"the propagator's stride must divide the patch size {patch}, got {stride}")
+        self.cells = patch // stride  # grid cells per token side
         self.read = nn.Linear(dim, width)
+        self.pixels = nn.Conv2d(in_chans, width, stride, stride) if self.cells > 1 else None
         # replicate padding: the cell sees no edge of its own beyond the blocks' view of the canvas
         self.spatial = nn.Conv2d(2 * width, 2 * width, 3, padding=1, groups=2 * width, padding_mode="replicate")
-        self.gates = nn.Linear(2 * width, 2 * width)
+        self.gates = nn.Linear(2 * width, 2 * width)  # applied as a 1 × 1 conv
         self.write = nn.Linear(width, dim)
         nn.init.zeros_(self.write.weight)  # starts as the block stack alone
         nn.init.zeros_(self.write.bias)
 
-    def forward(self, x: torch.Tensor, passes: int) -> torch.Tensor:  # (B, H, W, C) -> (B, H, W, C)
-        recall = self.read(x)  # (B, H, W, w)
+    def forward(self, x: torch.Tensor, passes: int, image: torch.Tensor = None) -> torch.Tensor:
+        """(B, H, W, C) tokens, (B, C_in, H·p, W·p) image -> (B, H, W, C). In training only the last
+        ``PASSES["grad"]`` passes (all, if 0) are differentiated: the earlier ones only bring the state there."""
+        recall = self.read(x).permute(0, 3, 1, 2)  # (B, w, H, W); channels first in the loop, no permutes there
+        if self.pixels is not None:  # (B, w, H·k, W·k), k cells per token side
+            fine = recall.repeat_interleave(self.cells, 2).repeat_interleave(self.cells, 3)
+            recall = fine + self.pixels(image)[..., :fine.shape[2], :fine.shape[3]]
         state = torch.zeros_like(recall)
-        for _ in range(passes):
-            mixed = self.spatial(torch.cat([state, recall], -1).permute(0, 3, 1, 2))  # (B, 2w, H, W)
-            gate, candidate = self.gates(mixed.permute(0, 2, 3, 1)).chunk(2, -1)  # (B, H, W, w) each
-            gate = torch.sigmoid(gate)
-            state = (1 - gate) * state + gate * torch.tanh(candidate)
-        return x + self.write(state)
+        free = max(passes - PASSES["grad"], 0) if self.training and PASSES["grad"] else 0
+        for done in range(passes):
+            with torch.set_grad_enabled(done >= free and torch.is_grad_enabled()):
+                mixed = self.spatial(torch.cat([state, recall], 1))  # (B, 2w, H', W')
+                gate, candidate = nn.functional.conv2d(mixed, self.gates.weight[..., None, None],
+                                                       self.gates.bias).chunk(2, 1)
+                gate = torch.sigmoid(gate)  # (B, w, H', W') each
+                state = (1 - gate) * state + gate * torch.tanh(candidate)
+        if self.pixels is not None:  # (B, w, H·k, W·k) -> (B, w, H, W)
+            state = nn.functional.max_pool2d(state, self.cells)
+        return x + self.write(state.permute(0, 2, 3, 1))
 
 
 def drawn_passes(training: bool) -> int:
@@ -67,16 +86,17 @@ def drawn_passes(training: bool) -> int:
     return PASSES["fixed"] or (PASSES["lo"] + PASSES["hi"]) // 2
 
 
-def loop_blocks(propagator: int = 0) -> None:
+def loop_blocks(propagator: int = 0, stride: int = 0) -> None:
     """Replace WeightFormer.forward_features by the looped one (this process only); with ``propagator`` > 0,
-    every WeightFormer built afterwards carries a :class:`Propagator` of that width, looped after the blocks."""
+    every WeightFormer built afterwards carries a :class:`Propagator` of that width, looped after the blocks, on
+    cells of ``stride`` pixels (0: one cell per token)."""
     from weightformer.models.weightformer import WeightFormer
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C)
-        x = self._embed(x)
+    def forward_features(self, image: torch.Tensor) -> torch.Tensor:  # (B, C_in, H_img, W_img) -> (B, H, W, C)
+        x = self._embed(image)
         passes = drawn_passes(self.training)
         if propagator:
-            x = self.propagator(self.blocks(x), passes)
+            x = self.propagator(self.blocks(x), passes, image)
         else:
             for _ in range(passes):
                 for block in self.blocks:
@@ -88,7 +108,8 @@ def loop_blocks(propagator: int = 0) -> None:
 
         def __init__(self, *args, **kwargs):
             build(self, *args, **kwargs)
-            self.propagator = Propagator(self.embed_dim, propagator)
+            self.propagator = Propagator(self.embed_dim, propagator, self.patch_size, stride or self.patch_size,
+                                         self.in_chans)
 
         WeightFormer.__init__ = __init__
     WeightFormer.forward_features = forward_features
@@ -124,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes-hi", type=int, default=4)
     parser.add_argument("--propagator", type=int, default=0, metavar="WIDTH",
                         help="loop a convolutional GRU of this width after the blocks, not the blocks (0: the blocks)")
+    parser.add_argument("--grad-passes", type=int, default=0, metavar="K",
+                        help="differentiate only the propagator's last K passes in training (0: all)")
+    parser.add_argument("--propagator-stride", type=int, default=0, metavar="PX",
+                        help="the GRU's cells in pixels, a divisor of the patch size (0: one cell per token)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="weightformer train, looped (its arguments follow)", add_help=False)
     scoring = sub.add_parser("score", help="looped checkpoints at fixed pass counts, 64 and 128 px")
@@ -135,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if not 1 <= args.passes_lo <= args.passes_hi:
         parser.error(f"need 1 <= --passes-lo <= --passes-hi, got {args.passes_lo}, {args.passes_hi}")
-    if args.propagator < 0:
-        parser.error(f"--propagator must be a width >= 0, got {args.propagator}")
-    PASSES.update(lo=args.passes_lo, hi=args.passes_hi)
-    loop_blocks(args.propagator)
+    if min(args.propagator, args.propagator_stride, args.grad_passes) < 0:
+        parser.error(f"--propagator, --propagator-stride and --grad-passes must be >= 0, got {args.propagator}, "
+                     f"{args.propagator_stride}, {args.grad_passes}")
+    PASSES.update(lo=args.passes_lo, hi=args.passes_hi, grad=args.grad_passes)
+    loop_blocks(args.propagator, args.propagator_stride)
     if args.command == "train":
         from weightformer.cli import main as weightformer
         return weightformer(["train", *rest])
@@ -149,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     result = score(args.checkpoints, plan, args.images)
     if args.json:
         record = {"passes_trained": [args.passes_lo, args.passes_hi], "propagator": args.propagator,
+                  "propagator_stride": args.propagator_stride,
                   "images": args.images, "checkpoints": result}
         write_atomic(args.json, json.dumps(record, indent=1) + "\n")
     return 0
