@@ -286,6 +286,19 @@ def test_propagator_carries_a_token_one_step_per_pass_and_runs_after_the_blocks(
     assert "propagator.gates.weight" in model.state_dict()  # saved with the checkpoint
 
 
+def test_path_link_cues_counts_curves_that_a_grid_puts_in_neighbouring_cells(examples_on_path):
+    from path_link_cues import curves_in_neighbouring_cells
+
+    images = np.zeros((2, 16, 16), np.uint8)  # two vertical 2 px strokes each: columns 5-6 and then
+    images[:, 2:13, 5:7] = 255
+    images[0, 2:13, 9:11] = 255  # 9-10 (2 blank columns between)
+    images[1, 2:13, 13:15] = 255  # 13-14 (6 blank columns)
+    # cells of 1 px: columns {5, 6} and {9, 10} / {13, 14}; of 2 px: cells {2, 3} and {4, 5} / {6, 7};
+    # of 4 px: 1 and 2 / 3; of 8 px: 0 and 1 / 1
+    expected = {1: [False, False], 2: [True, False], 4: [True, False], 8: [True, True]}
+    assert {cell: near.tolist() for cell, near in curves_in_neighbouring_cells(images).items()} == expected
+
+
 def test_edge_margin_pads_the_same_images_and_splits_the_large_drawing_by_outer_gap(examples_on_path, probe_checkpoint,
                                                                                      tmp_path, capsys):
     import edge_margin

@@ -11,6 +11,9 @@ For each canvas size (64 and 128 px at stroke width 2, the suite's train-small /
 
 - the best accuracy of one threshold on the markers' distance (as a share of the side), chosen on one draw of
   the probe and scored on another (the probe's own held-out split);
+- how often the two curves lie in the same or neighbouring cells (8-adjacent) of a grid of 1, 2, 4 and 8 px cells:
+  on those images a 3 × 3 conv over such a grid (one cell per token at that patch size) cannot follow one curve
+  without seeing the other from the cells next to it;
 - for each checkpoint: its accuracy, the AUC of its logit margin (threshold-free: a shift of every logit
   with the canvas leaves it alone) and how often its answer agrees with the best distance threshold for its
   own answers, against the agreement its rate of answering 1 gives by chance.
@@ -34,6 +37,7 @@ from weightformer.atomic import write_atomic
 
 SIZES = (64, 128)
 WIDTH = 2  # the suite's stroke width (scale=2)
+CELLS = (1, 2, 4, 8)  # grid cells (px) for curves_in_neighbouring_cells
 
 
 def _blobs(ys: np.ndarray, xs: np.ndarray) -> list[np.ndarray]:
@@ -66,6 +70,22 @@ def marker_distance(images: np.ndarray) -> np.ndarray:
     if np.isnan(out).mean() > 0.05:
         raise RuntimeError(f"no two markers in {np.isnan(out).mean():.0%} of the images: are they path_link images "
                            f"drawn with stroke width {WIDTH}?")
+    return out
+
+
+def curves_in_neighbouring_cells(images: np.ndarray, cells: tuple[int, ...] = CELLS) -> dict[int, np.ndarray]:
+    """(N, S, S) path_link images -> {cell: (N,) bool}: whether the two largest 8-connected ink groups (the
+    curves, markers included) occupy the same or 8-adjacent cells of a grid of ``cell`` px cells."""
+    out = {cell: np.zeros(len(images), bool) for cell in cells}
+    for i, image in enumerate(images):
+        ys, xs = np.nonzero(image)
+        masks = torch.zeros(2, 1, *image.shape)  # (2, 1, S, S): one curve each
+        for k, group in enumerate(_blobs(ys, xs)[:2]):
+            masks[k, 0, ys[group], xs[group]] = 1
+        for cell in cells:
+            grid = F.max_pool2d(masks, cell, ceil_mode=True)  # (2, 1, S / cell, S / cell)
+            grown = F.max_pool2d(grid[:1], 3, stride=1, padding=1)  # the first curve's cells and their neighbours
+            out[cell][i] = bool((grown * grid[1:]).any())
     return out
 
 
@@ -123,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         row = {"images_with_two_markers": int(found.sum()),
                "distance_cue": {"threshold": cue[0], "label_1_below": cue[1],
                                 "accuracy": 100 * float((predict(cue, distance) == labels).mean())},
-               "mean_distance": {str(k): float(distance[labels == k].mean()) for k in (0, 1)}, "checkpoints": {}}
+               "mean_distance": {str(k): float(distance[labels == k].mean()) for k in (0, 1)},
+               "curves_in_neighbouring_cells": {str(c): 100 * float(near.mean())
+                                                for c, near in curves_in_neighbouring_cells(images).items()},
+               "checkpoints": {}}
         print(f"{size} px ({found.sum()} of {len(found)} images with two markers found): markers "
               f"{row['mean_distance']['0']:.3f} (label 0) / {row['mean_distance']['1']:.3f} (label 1) of the side "
-              f"apart; one distance threshold ({cue[0]:.3f}) scores {row['distance_cue']['accuracy']:.1f}%")
+              f"apart; one distance threshold ({cue[0]:.3f}) scores {row['distance_cue']['accuracy']:.1f}%; the "
+              f"curves in the same or neighbouring cells of " + ", ".join(
+                  f"{c} px: {v:.1f}%" for c, v in row["curves_in_neighbouring_cells"].items()))
         x = (torch.from_numpy(images).float().div(255)[:, None] - info.mean[0]) / info.std[0]  # (N, 1, S, S)
         for path in args.checkpoints:
             model, _ = load_probe_classifier(path)
