@@ -5,7 +5,8 @@ so that the number of passes, and with it how far a static 3 × 3 conv carries a
         --model weightformer_long_range_tiny --model-kwargs patch_size=4 embed_dim=64 depth=2 drop_path_rate=0.0 \\
         --seed 0 --output RUN/seed0
     python benchmarks/examples/looped_blocks.py score RUN/seed0/last.pt RUN/seed1/last.pt --json OUT.json
-    python benchmarks/examples/looped_blocks.py --propagator 32 --passes-lo 12 --passes-hi 20 train ...
+    python benchmarks/examples/looped_blocks.py --propagator 8 --propagator-stride 2 --passes-lo 28 --passes-hi 36 \
+        --grad-passes 12 train ...    # then score with the same four options
 
 ``train`` is ``weightformer train`` with every WeightFormer's ``forward_features`` looped: each training batch
 takes a number of passes drawn from ``--passes-lo``..``--passes-hi`` (2..4) by torch's generator, so the blocks
@@ -16,8 +17,11 @@ checkpoint's probe drawn at 64 and at 128 px: accuracy and the AUC of the logit 
 ``--propagator WIDTH`` loops a small recurrent cell in place of the blocks: the block stack runs once, and a
 convolutional GRU of WIDTH channels (:class:`Propagator`) runs the drawn number of passes on its output, reading
 that output at every pass ("recall", as in Bansal et al., 2022, "End-to-end Algorithm Synthesis with Recurrent
-Networks"). Its state moves one token per pass and stays in (-1, 1) whatever the number of passes. Pass the same
-``--propagator`` to ``score``: the cell is part of the checkpoint.
+Networks"). Its state moves one cell per pass and stays in (-1, 1) whatever the number of passes. Its cells are
+the tokens, or with ``--propagator-stride PX`` a finer grid of PX-pixel cells that also reads the image itself.
+``--grad-passes K`` differentiates only the last K passes of a training batch (the earlier ones run without a
+graph, as the progressive training of that paper), which makes long loops affordable. Pass the same propagator
+options to ``score``: the cell is part of the checkpoint.
 """
 
 from __future__ import annotations
