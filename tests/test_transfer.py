@@ -268,6 +268,16 @@ def test_propagator_carries_a_token_one_step_per_pass_and_runs_after_the_blocks(
             near = torch.zeros(9, 9, dtype=torch.bool)
             near[span, span] = True
             assert moved[4, 4] and not (moved & ~near).any(), passes
+    # --grad-passes: in training only the last K passes build a graph; in eval none, whatever K
+    graphed = []
+    cell.spatial.register_forward_hook(lambda module, args, out: graphed.append(out.requires_grad))
+    monkeypatch.setitem(looped_blocks.PASSES, "grad", 2)
+    cell.train()(x, 5).sum().backward()
+    assert graphed == [False, False, False, True, True] and cell.gates.weight.grad is not None
+    graphed.clear()
+    with torch.no_grad():
+        cell.eval()(x, 3)
+    assert graphed == [False] * 3
 
     monkeypatch.setattr(WeightFormer, "__init__", WeightFormer.__init__)  # both restored after the test
     monkeypatch.setattr(WeightFormer, "forward_features", WeightFormer.forward_features)
